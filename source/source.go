@@ -1,0 +1,160 @@
+// Package source defines how tabletflow reads changes from a tablet-sharded
+// database: the Source interface, the values it returns, and the actions an
+// error can lead to. Adapters live in sub-packages (source/tabletd).
+package source
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Errors shared by every adapter.
+var (
+	// ErrBadCheckpoint: a checkpoint string could not be parsed.
+	ErrBadCheckpoint = errors.New("bad checkpoint")
+	// ErrUnknownTablet: the tablet does not exist in the keyspace.
+	ErrUnknownTablet = errors.New("unknown tablet")
+	// ErrUnknownReplica: no replica of the tablet has that alias.
+	ErrUnknownReplica = errors.New("unknown replica")
+)
+
+// Source is one sharded database as tabletflow sees it. Implementations are
+// safe for concurrent use; every method honours the context's deadline.
+type Source interface {
+	// EnsureStream creates the source-side stream (a tabletd stream, a
+	// PostgreSQL slot) if it does not exist, and returns it. It is
+	// idempotent: ensuring an existing stream with the same spec returns it.
+	EnsureStream(ctx context.Context, spec StreamSpec) (Stream, error)
+	// DeleteStream drops the source-side stream so it holds no history. It is
+	// idempotent: deleting an absent stream returns nil.
+	DeleteStream(ctx context.Context, stream string) error
+	// ListTablets returns every tablet of the keyspace with its replicas'
+	// current health, split parents included.
+	ListTablets(ctx context.Context) ([]Tablet, error)
+	// OpenReplica returns a reader on one replica of a tablet. It does not
+	// contact the replica; errors surface from the reader's calls.
+	OpenReplica(ctx context.Context, r Replica) (ReplicaReader, error)
+	// Classify maps an error from any method to what the caller should do.
+	Classify(err error) Classification
+	// Close releases connections. Readers opened from it stop working.
+	Close() error
+}
+
+// ReplicaReader reads one replica's change log for a stream.
+type ReplicaReader interface {
+	// GetChanges returns up to maxRecords records of the tablet after from,
+	// in log order, waiting up to maxWait for the first one. A zero from
+	// means the stream's start position for the tablet. The returned
+	// Batch.Checkpoint is the position of the last record, or the resolved
+	// from when the batch is empty.
+	GetChanges(ctx context.Context, req ChangesRequest) (Batch, error)
+	// Ack tells the source that everything up to cp is durably consumed, so
+	// it may free that history. Acking an older checkpoint than before is a
+	// no-op.
+	Ack(ctx context.Context, stream, tablet string, cp Checkpoint) error
+}
+
+// StartFrom says where a new stream starts.
+type StartFrom string
+
+// StartFrom values.
+const (
+	// StartEarliest: all the history the source still retains.
+	StartEarliest StartFrom = "earliest"
+	// StartLatest: only changes made after the stream is created.
+	StartLatest StartFrom = "latest"
+)
+
+// StreamSpec describes a source-side stream.
+type StreamSpec struct {
+	ID        string
+	Tables    []string // empty: all tables
+	StartFrom StartFrom
+}
+
+// Stream is a source-side stream and where it starts each tablet.
+type Stream struct {
+	ID        string
+	Tables    []string
+	StartFrom StartFrom
+	Created   time.Time
+	Retention time.Duration
+	// Start is the checkpoint the stream starts each tablet from.
+	Start map[string]Checkpoint
+}
+
+// TabletType is a replica's role, as in Vitess.
+type TabletType string
+
+// TabletType values.
+const (
+	TypePrimary TabletType = "PRIMARY"
+	TypeReplica TabletType = "REPLICA"
+	TypeRDOnly  TabletType = "RDONLY"
+)
+
+// Replica is one copy of a tablet on a tablet server.
+type Replica struct {
+	Tablet  string
+	Alias   string // "<cell>-<uid>", the server's alias
+	Cell    string
+	Type    TabletType
+	Address string
+	Serving bool
+	Healthy bool
+	Lag     time.Duration
+}
+
+// Tablet is a partition of the keyspace with its own change log.
+type Tablet struct {
+	ID       string
+	Parent   string
+	Split    bool // the log ended at SplitAt; Children continue it
+	Children []string
+	SplitAt  Checkpoint
+	Replicas []Replica
+}
+
+// Op is a change's kind.
+type Op string
+
+// Op values.
+const (
+	Insert Op = "insert"
+	Update Op = "update"
+	Delete Op = "delete"
+)
+
+// Record is one change. Key, Before and After are JSON objects; Before is
+// nil for an insert, After for a delete.
+type Record struct {
+	Tablet     string
+	Position   Checkpoint
+	CommitTime time.Time
+	Table      string
+	Op         Op
+	Key        json.RawMessage
+	Before     json.RawMessage
+	After      json.RawMessage
+}
+
+// ChangesRequest asks a replica for a batch.
+type ChangesRequest struct {
+	Stream     string
+	Tablet     string
+	From       Checkpoint
+	MaxRecords int
+	MaxWait    time.Duration
+}
+
+// Batch is what one GetChanges returns.
+type Batch struct {
+	Records    []Record
+	Checkpoint Checkpoint
+	// CaughtUp: the replica had nothing more to give.
+	CaughtUp bool
+	// ReplicaLag: how far the replica is behind its leader.
+	ReplicaLag time.Duration
+}

@@ -1,0 +1,398 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/tabletd/digest"
+)
+
+const ctlUsage = `usage: tabletd ctl [--addr ADDR] COMMAND
+commands:
+  list [--json]                       tablets, replicas, health, lag
+  workload status|pause|resume|stop   the write workload (stop is for good)
+  workload rate N                     records per second
+  digest [--stream ID]                records produced (or due to stream ID) and their hash
+  fault --server ALIAS [--tablet ID] [--down] [--not-serving] [--position-mismatch]
+        [--code CODE [--error-rate R]] [--latency D] [--lag D] [--unhealthy]
+  heal --server ALIAS [--tablet ID]   undo a server's (or one replica's) faults
+  split --tablet ID                   split a tablet in two
+  tail --tablet ID [--from POS]       print a tablet's changes as they are written
+  stream describe|delete ID           a source-side stream
+ADDR defaults to $TABLETD_ADDR, then 127.0.0.1:15991.
+`
+
+// ctlClients are the admin and topology clients on one connection.
+type ctlClients struct {
+	admin sourcepb.AdminClient
+	topo  sourcepb.TopologyClient
+}
+
+func ctl(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("tabletd ctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, ctlUsage) }
+	defAddr := os.Getenv("TABLETD_ADDR")
+	if defAddr == "" {
+		defAddr = "127.0.0.1:15991"
+	}
+	addr := fs.String("addr", defAddr, "tabletd topology/admin address")
+	timeout := fs.Duration("timeout", 10*time.Second, "per-request timeout (not for tail)")
+	if err := fs.Parse(args); err != nil {
+		return usageErr(err)
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return usageError{errors.New("ctl: no command")}
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cl := ctlClients{admin: sourcepb.NewAdminClient(conn), topo: sourcepb.NewTopologyClient(conn)}
+	cmd, rest := fs.Arg(0), fs.Args()[1:]
+	if cmd == "tail" {
+		return ctlTail(context.Background(), cl, rest, stdout, stderr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	switch cmd {
+	case "list":
+		err = ctlList(ctx, cl, rest, stdout, stderr)
+	case "workload":
+		err = ctlWorkload(ctx, cl, rest, stdout)
+	case "digest":
+		err = ctlDigest(ctx, cl, rest, stdout, stderr)
+	case "fault":
+		err = ctlFault(ctx, cl, rest, stdout, stderr)
+	case "heal":
+		err = ctlHeal(ctx, cl, rest, stdout, stderr)
+	case "split":
+		err = ctlSplit(ctx, cl, rest, stdout, stderr)
+	case "stream":
+		err = ctlStream(ctx, cl, rest, stdout)
+	default:
+		fs.Usage()
+		return usageError{fmt.Errorf("ctl: unknown command %q", cmd)}
+	}
+	return describeErr(err)
+}
+
+// describeErr turns a status into "CODE (REASON): message".
+func describeErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var u usageError
+	if errors.As(err, &u) {
+		return err
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	reason := ""
+	for _, d := range st.Details() {
+		if info, ok := d.(*sourcepb.ErrorInfo); ok && info.Reason != sourcepb.Reason_REASON_UNSPECIFIED {
+			reason = " " + info.Reason.String()
+		}
+	}
+	return fmt.Errorf("%s%s: %s", st.Code(), reason, st.Message())
+}
+
+func flags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("tabletd ctl "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return usageErr(err)
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
+	}
+	return nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func ctlList(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
+	fs := flags("list", stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	resp, err := cl.topo.ListTablets(ctx, &sourcepb.ListTabletsRequest{})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, resp.Tablets)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLET\tSTATE\tPOSITIONS\tREPLICA\tTYPE\tADDRESS\tSERVING\tHEALTHY\tLAG")
+	for _, t := range resp.Tablets {
+		state := t.State.String()
+		if len(t.Children) > 0 {
+			state += " → " + strings.Join(t.Children, ",") + " at " + t.SplitCheckpoint
+		}
+		positions := "-"
+		if t.FirstPosition != "" {
+			positions = t.FirstPosition + ".." + t.LastPosition
+		}
+		for i, r := range t.Replicas {
+			id, st, pos := t.Id, state, positions
+			if i > 0 {
+				id, st, pos = "", "", ""
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\t%v\t%v\n", id, st, pos, r.Alias, r.Type, r.Address,
+				r.Serving, r.Healthy, r.Lag.AsDuration().Round(time.Millisecond))
+		}
+	}
+	return tw.Flush()
+}
+
+func ctlWorkload(ctx context.Context, cl ctlClients, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return usageError{errors.New("workload: want status, pause, resume, stop or rate N")}
+	}
+	req := &sourcepb.WorkloadRequest{}
+	switch args[0] {
+	case "status":
+		req.Action = sourcepb.WorkloadRequest_STATUS
+	case "pause":
+		req.Action = sourcepb.WorkloadRequest_PAUSE
+	case "resume":
+		req.Action = sourcepb.WorkloadRequest_RESUME
+	case "stop":
+		req.Action = sourcepb.WorkloadRequest_STOP
+	case "rate":
+		if len(args) != 2 {
+			return usageError{errors.New("workload rate: want one number, records per second")}
+		}
+		r, err := strconv.ParseFloat(args[1], 64)
+		if err != nil {
+			return usageError{fmt.Errorf("workload rate: %q is not a number", args[1])}
+		}
+		req.Action, req.Rate = sourcepb.WorkloadRequest_RATE, r
+		args = args[1:]
+	default:
+		return usageError{fmt.Errorf("workload: unknown action %q", args[0])}
+	}
+	if len(args) > 1 {
+		return usageError{fmt.Errorf("workload: unexpected argument %q", args[1])}
+	}
+	resp, err := cl.admin.Workload(ctx, req)
+	if err != nil {
+		return err
+	}
+	return printJSON(stdout, map[string]any{"state": resp.State, "rate": resp.Rate, "records": resp.Records})
+}
+
+// DigestJSON is what `ctl digest` prints.
+type DigestJSON struct {
+	Records uint64                `json:"records"`
+	Hash    string                `json:"hash"`
+	Tablets map[string]TabletJSON `json:"tablets"`
+}
+
+// TabletJSON is one tablet's part of a digest.
+type TabletJSON struct {
+	Records uint64 `json:"records"`
+	Hash    string `json:"hash"`
+}
+
+func ctlDigest(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
+	fs := flags("digest", stderr)
+	stream := fs.String("stream", "", "only what this stream is due")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	resp, err := cl.admin.Digest(ctx, &sourcepb.DigestRequest{Stream: *stream})
+	if err != nil {
+		return err
+	}
+	out := DigestJSON{Records: resp.Records, Hash: digest.HashHex(resp.Hash), Tablets: map[string]TabletJSON{}}
+	for id, d := range resp.Tablets {
+		out.Tablets[id] = TabletJSON{Records: d.Records, Hash: digest.HashHex(d.Hash)}
+	}
+	return printJSON(stdout, out)
+}
+
+func ctlFault(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
+	fs := flags("fault", stderr)
+	req := &sourcepb.FaultRequest{}
+	fs.StringVar(&req.Server, "server", "", "tablet server alias (required)")
+	fs.StringVar(&req.Tablet, "tablet", "", "limit the fault to this tablet's replica on the server")
+	fs.BoolVar(&req.Down, "down", false, "close the server's listener (server-wide)")
+	fs.BoolVar(&req.NotServing, "not-serving", false, "answer FAILED_PRECONDITION NOT_SERVING")
+	fs.BoolVar(&req.PositionMismatch, "position-mismatch", false, "the replica lost its history: INVALID_ARGUMENT POSITION_MISMATCH")
+	fs.StringVar(&req.Code, "code", "", "answer this gRPC code (UNAVAILABLE, ...)")
+	fs.Float64Var(&req.ErrorRate, "error-rate", 0, "fraction of requests that get --code (default 1)")
+	fs.BoolVar(&req.Unhealthy, "unhealthy", false, "report the replica unhealthy in the topology")
+	latency := fs.Duration("latency", 0, "add latency to every request")
+	lag := fs.Duration("lag", 0, "add replication lag")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if req.Server == "" {
+		return usageError{errors.New("fault: --server is required")}
+	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "latency":
+			req.Latency = durationpb.New(*latency)
+		case "lag":
+			req.Lag = durationpb.New(*lag)
+		}
+	})
+	if _, err := cl.admin.Fault(ctx, req); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "fault injected on %s%s\n", req.Server, onTablet(req.Tablet))
+	return nil
+}
+
+func onTablet(t string) string {
+	if t == "" {
+		return ""
+	}
+	return " for tablet " + t
+}
+
+func ctlHeal(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
+	fs := flags("heal", stderr)
+	req := &sourcepb.HealRequest{}
+	fs.StringVar(&req.Server, "server", "", "tablet server alias (required)")
+	fs.StringVar(&req.Tablet, "tablet", "", "heal only this tablet's replica")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if req.Server == "" {
+		return usageError{errors.New("heal: --server is required")}
+	}
+	if _, err := cl.admin.Heal(ctx, req); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "healed %s%s\n", req.Server, onTablet(req.Tablet))
+	return nil
+}
+
+func ctlSplit(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
+	fs := flags("split", stderr)
+	tablet := fs.String("tablet", "", "tablet to split (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *tablet == "" {
+		return usageError{errors.New("split: --tablet is required")}
+	}
+	resp, err := cl.admin.Split(ctx, &sourcepb.SplitRequest{Tablet: *tablet})
+	if err != nil {
+		return err
+	}
+	return printJSON(stdout, map[string]any{"tablet": *tablet, "children": resp.Children, "handoff": resp.HandoffCheckpoint})
+}
+
+// RecordJSON is one line of `ctl tail`: the JSONL sink's shape, without
+// the stream.
+type RecordJSON struct {
+	Tablet     string          `json:"tablet"`
+	Position   string          `json:"position"`
+	Table      string          `json:"table"`
+	Op         string          `json:"op"`
+	Key        json.RawMessage `json:"key"`
+	Before     json.RawMessage `json:"before"`
+	After      json.RawMessage `json:"after"`
+	CommitTime string          `json:"commitTime"`
+}
+
+func ctlTail(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
+	fs := flags("tail", stderr)
+	tablet := fs.String("tablet", "", "tablet to follow (required)")
+	from := fs.String("from", "", "start after this position (default: the current end)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *tablet == "" {
+		return usageError{errors.New("tail: --tablet is required")}
+	}
+	stream, err := cl.admin.Tail(ctx, &sourcepb.TailRequest{Tablet: *tablet, From: *from})
+	if err != nil {
+		return describeErr(err)
+	}
+	enc := json.NewEncoder(stdout)
+	for {
+		r, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			fmt.Fprintf(stderr, "tablet %s ended (split); `tabletd ctl list` shows its children\n", *tablet)
+			return nil
+		}
+		if err != nil {
+			return describeErr(err)
+		}
+		if err := enc.Encode(RecordJSON{
+			Tablet: r.Tablet, Position: r.Position, Table: r.Table, Op: strings.ToLower(r.Op.String()),
+			Key: orNull(r.Key), Before: orNull(r.Before), After: orNull(r.After),
+			CommitTime: r.CommitTime.AsTime().UTC().Format(time.RFC3339Nano),
+		}); err != nil {
+			return err
+		}
+	}
+}
+
+func orNull(b []byte) json.RawMessage {
+	if len(b) == 0 {
+		return json.RawMessage("null")
+	}
+	return b
+}
+
+func ctlStream(ctx context.Context, cl ctlClients, args []string, stdout io.Writer) error {
+	if len(args) != 2 {
+		return usageError{errors.New("stream: want describe ID or delete ID")}
+	}
+	switch args[0] {
+	case "describe":
+		s, err := cl.topo.DescribeStream(ctx, &sourcepb.DescribeStreamRequest{Stream: args[1]})
+		if err != nil {
+			return err
+		}
+		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(s)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, string(b))
+		return err
+	case "delete":
+		resp, err := cl.topo.DeleteStream(ctx, &sourcepb.DeleteStreamRequest{Stream: args[1]})
+		if err != nil {
+			return err
+		}
+		return printJSON(stdout, map[string]any{"stream": args[1], "existed": resp.Existed})
+	}
+	return usageError{fmt.Errorf("stream: unknown action %q", args[0])}
+}
