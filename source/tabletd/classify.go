@@ -46,7 +46,7 @@ func Classify(err error) source.Classification {
 		return source.Classification{Action: source.RetryElsewhere, Reason: "POSITION_MISMATCH"}
 	case sourcepb.Reason_TABLET_SPLIT:
 		handoff, perr := source.ParseCheckpoint(info.HandoffCheckpoint)
-		if perr != nil || len(info.Children) == 0 {
+		if perr != nil || handoff.IsZero() || len(info.Children) == 0 {
 			return source.Classification{Action: source.Fatal, Reason: "BAD_SPLIT_DETAIL"}
 		}
 		return source.Classification{Action: source.Split, Reason: "TABLET_SPLIT",

@@ -17,7 +17,9 @@ package digest
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"hash/fnv"
 	"strconv"
 	"time"
@@ -72,6 +74,9 @@ func Canonical(raw []byte) ([]byte, error) {
 	var v any
 	if err := dec.Decode(&v); err != nil {
 		return nil, fmt.Errorf("canonical json: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("canonical json: data after the value")
 	}
 	out, err := json.Marshal(v)
 	if err != nil {
