@@ -19,8 +19,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"hash/fnv"
+	"io"
 	"strconv"
 	"time"
 )
