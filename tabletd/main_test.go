@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/tabletd/cluster"
+)
+
+func startCluster(t *testing.T) *cluster.Cluster {
+	t.Helper()
+	cfg := cluster.DefaultConfig()
+	cfg.Listen, cfg.Rate, cfg.Tablets, cfg.Seed = "127.0.0.1:0", 0, 4, 7
+	c, err := cluster.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, c.Start())
+	t.Cleanup(c.Close)
+	return c
+}
+
+// ctlRun runs `tabletd ctl --addr ADDR args...` and returns its exit code
+// and output.
+func ctlRun(t *testing.T, addr string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(append([]string{"ctl", "--addr", addr}, args...), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestCtlCommandsDriveTheCluster(t *testing.T) {
+	c := startCluster(t)
+	addr := c.Addr()
+
+	code, out, _ := ctlRun(t, addr, "list")
+	require.Zero(t, code)
+	for _, want := range []string{"t-0001", "t-0004", "PRIMARY", "zone1-0000000101"} {
+		require.Contains(t, out, want)
+	}
+
+	code, out, _ = ctlRun(t, addr, "workload", "rate", "50")
+	require.Zero(t, code)
+	require.Contains(t, out, `"rate": 50`)
+	code, out, _ = ctlRun(t, addr, "workload", "pause")
+	require.Zero(t, code)
+	require.Contains(t, out, `"paused"`)
+
+	c.Write(120)
+	code, out, _ = ctlRun(t, addr, "digest")
+	require.Zero(t, code)
+	var d DigestJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	require.Equal(t, uint64(120), d.Records)
+	require.Len(t, d.Hash, 16)
+	require.Len(t, d.Tablets, 4)
+
+	code, out, _ = ctlRun(t, addr, "fault", "--server", "zone1-0000000101", "--code", "UNAVAILABLE", "--error-rate", "0.5")
+	require.Zero(t, code)
+	require.Contains(t, out, "fault injected")
+	code, _, _ = ctlRun(t, addr, "fault", "--server", "zone1-0000000101", "--latency", "10ms")
+	require.Zero(t, code)
+	code, _, _ = ctlRun(t, addr, "heal", "--server", "zone1-0000000101")
+	require.Zero(t, code)
+
+	code, out, _ = ctlRun(t, addr, "split", "--tablet", "t-0002")
+	require.Zero(t, code)
+	require.Contains(t, out, `"t-0005"`)
+	code, out, _ = ctlRun(t, addr, "list", "--json")
+	require.Zero(t, code)
+	require.Contains(t, out, `"t-0006"`)
+}
+
+func TestCtlRejectsBadInputWithAClearMessage(t *testing.T) {
+	c := startCluster(t)
+	addr := c.Addr()
+	tests := []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		// Usage errors exit 2 and say what is wrong.
+		{"no command", nil, 2, "no command"},
+		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"fault without server", []string{"fault", "--down"}, 2, "--server is required"},
+		{"workload rate not a number", []string{"workload", "rate", "fast"}, 2, "not a number"},
+		{"workload unknown action", []string{"workload", "jump"}, 2, "unknown action"},
+		{"split without tablet", []string{"split"}, 2, "--tablet is required"},
+		{"stray argument", []string{"list", "extra"}, 2, "unexpected argument"},
+		// Server-side rejections exit 1 with the code and reason.
+		{"unknown server", []string{"fault", "--server", "zone9-0000000901", "--down"}, 1, "NotFound UNKNOWN_SERVER"},
+		{"bad code", []string{"fault", "--server", "zone1-0000000101", "--code", "OOPS"}, 1, "InvalidArgument BAD_REQUEST"},
+		{"unknown tablet", []string{"split", "--tablet", "t-9999"}, 1, "UNKNOWN_TABLET"},
+		{"unknown stream", []string{"digest", "--stream", "nope"}, 1, "UNKNOWN_STREAM"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, errOut := ctlRun(t, addr, tt.args...)
+			require.Equal(t, tt.code, code, errOut)
+			require.Contains(t, errOut, tt.msg)
+		})
+	}
+}
+
+func TestServeRejectsBadFlagsNamingThem(t *testing.T) {
+	tests := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--tablets", "0"}, "tablets:"},
+		{[]string{"--replicas", "9", "--cells", "a,b", "--servers-per-cell", "1"}, "replicas:"},
+		{[]string{"--retention", "0s"}, "retention:"},
+		{[]string{"--cells", "a,a"}, "cells:"},
+		{[]string{"--rate", "-1"}, "rate:"},
+		{[]string{"--log-level", "loud"}, "log-level"},
+	}
+	for _, tt := range tests {
+		var out, errb bytes.Buffer
+		code := run(append([]string{"serve", "--listen", "127.0.0.1:0"}, tt.args...), &out, &errb)
+		require.Equal(t, 2, code, "%v: %s", tt.args, errb.String())
+		require.Contains(t, errb.String(), tt.msg)
+	}
+}
+
+func TestCtlTailFollowsATabletUntilItSplits(t *testing.T) {
+	c := startCluster(t)
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	var errb bytes.Buffer
+	go func() {
+		done <- run([]string{"ctl", "--addr", c.Addr(), "tail", "--tablet", "t-0003", "--from", "1.0"}, pw, &errb)
+		_ = pw.Close()
+	}()
+	require.NoError(t, c.WriteTo("t-0003", 3))
+	lines := bufio.NewScanner(pr)
+	for i := 1; i <= 3; i++ {
+		require.True(t, lines.Scan())
+		var rec RecordJSON
+		require.NoError(t, json.Unmarshal(lines.Bytes(), &rec))
+		require.Equal(t, "t-0003", rec.Tablet)
+		require.Equal(t, "1."+string(rune('0'+i)), rec.Position)
+		require.Equal(t, "insert", rec.Op)
+		require.True(t, strings.HasPrefix(string(rec.Key), `{"id":`))
+	}
+	_, _, err := c.Split("t-0003")
+	require.NoError(t, err)
+	select {
+	case code := <-done:
+		require.Zero(t, code)
+		require.Contains(t, errb.String(), "ended (split)")
+	case <-time.After(10 * time.Second):
+		t.Fatal("tail did not end after the split")
+	}
+}
