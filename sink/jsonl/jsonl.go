@@ -1,0 +1,396 @@
+// Package jsonl is the JSONL sink: one <tablet-id>.jsonl file per tablet
+// under a directory, one JSON line per record, exactly once across crashes.
+//
+// Files under the directory, per tablet:
+//
+//	<tablet>.jsonl          the data: committed lines, then maybe an
+//	                        uncommitted tail left by a crash
+//	<tablet>.manifest.json  {"stream","tablet","checkpoint","offset","updated"}:
+//	                        the committed checkpoint and the byte length of
+//	                        the committed data; replaced atomically
+//	<tablet>.lock           flock(2)-ed by the one open writer; never removed
+//
+// A line is
+//
+//	{"stream":…,"tablet":…,"position":"term.index","table":…,"op":"insert"|"update"|"delete",
+//	 "key":{…},"before":{…}|null,"after":{…}|null,"commitTime":"RFC3339Nano, UTC"}
+//
+// with key, before and after copied verbatim from the record, so that
+// digest.Hash over a parsed line reproduces the source's hash (DigestDir).
+//
+// Exactly-once: a Commit appends the staged lines at the end of the
+// committed data, fsyncs the data file, and only then replaces the manifest
+// (temp file, fsync, rename, directory fsync). The manifest is the commit
+// point: a crash before the rename leaves the old manifest and a tail that
+// the next Open truncates, and readers never look past the manifest's
+// offset. The manifest's checkpoint is stored with the data it covers, so a
+// re-read batch is skipped by Write.
+//
+// Fencing: the lock keeps one writer per tablet across processes on one
+// host. Behind it, Commit is a compare-and-set on the manifest: it fails
+// with sink.ErrFenced, storing nothing, if the manifest's checkpoint or
+// offset changed since this writer's Open or last Commit, or if the data
+// file grew behind it. The check and the rename are not one atomic step, so
+// the compare-and-set catches a writer that lost its lock (a removed lock
+// file, a filesystem without coherent locks) at its next commit, but two
+// such writers committing at the same instant can still interleave: the
+// lock is the guard, the compare-and-set the backstop.
+package jsonl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofrs/flock"
+
+	"github.com/tabletflow/tabletflow/sink"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// Errors of this adapter, besides the sink package's.
+var (
+	// ErrCorrupt: a tablet's files contradict each other (the data file is
+	// shorter than its manifest says, a committed line does not parse) or
+	// belong to another stream.
+	ErrCorrupt = errors.New("jsonl: corrupt tablet files")
+	// ErrBadTablet: a tablet ID that cannot name a file.
+	ErrBadTablet = errors.New("jsonl: bad tablet id")
+	// ErrBadRecord: a record that cannot be written as a line (unknown op,
+	// invalid JSON, another tablet's record).
+	ErrBadRecord = errors.New("jsonl: bad record")
+	// ErrBadCommit: Commit with a checkpoint before the writer's
+	// checkpoint or before its last staged record.
+	ErrBadCommit = errors.New("jsonl: commit checkpoint goes backwards")
+)
+
+// Sink writes one stream's tablets under one directory. It is safe for
+// concurrent use by different tablets.
+type Sink struct {
+	dir    string
+	stream string
+
+	mu      sync.Mutex
+	closed  bool
+	writers map[string]*Writer // open (or opening: nil) tablets
+}
+
+var _ sink.Sink = (*Sink)(nil)
+
+// New returns a sink writing stream's records under dir, creating dir.
+func New(dir, stream string) (*Sink, error) {
+	if stream == "" {
+		return nil, errors.New("jsonl: empty stream id")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create sink dir: %w", err)
+	}
+	return &Sink{dir: dir, stream: stream, writers: map[string]*Writer{}}, nil
+}
+
+// Open locks the tablet, reads its manifest (none: zero checkpoint, no
+// data), truncates the data file to the committed offset, dropping a tail
+// an earlier writer left uncommitted, and returns a writer fenced to the
+// manifest's checkpoint. It returns sink.ErrLocked when another writer, in
+// this process or another, holds the tablet, and sink.ErrClosed after Close.
+func (s *Sink) Open(ctx context.Context, tablet string) (sink.TabletWriter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := checkTablet(tablet); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	switch _, busy := s.writers[tablet]; {
+	case s.closed:
+		s.mu.Unlock()
+		return nil, sink.ErrClosed
+	case busy:
+		s.mu.Unlock()
+		return nil, fmt.Errorf("open tablet %s: %w", tablet, sink.ErrLocked)
+	}
+	s.writers[tablet] = nil // reserved while opening
+	s.mu.Unlock()
+
+	w, err := s.open(tablet)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && s.closed { // closed while opening
+		_ = w.release()
+		err = sink.ErrClosed
+	}
+	if err != nil {
+		delete(s.writers, tablet)
+		return nil, err
+	}
+	s.writers[tablet] = w
+	return w, nil
+}
+
+func (s *Sink) open(tablet string) (*Writer, error) {
+	lock := flock.New(lockPath(s.dir, tablet))
+	ok, err := lock.TryLock()
+	if err != nil {
+		return nil, fmt.Errorf("lock tablet %s: %w", tablet, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("open tablet %s: %w", tablet, sink.ErrLocked)
+	}
+	w := &Writer{s: s, tablet: tablet, lock: lock, prefix: linePrefix(s.stream, tablet)}
+	if err := w.load(); err != nil {
+		_ = w.release()
+		return nil, fmt.Errorf("open tablet %s: %w", tablet, err)
+	}
+	return w, nil
+}
+
+// Close closes every open writer, dropping what they staged, and makes
+// further Opens fail with sink.ErrClosed. It is idempotent.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	open := make([]*Writer, 0, len(s.writers))
+	for _, w := range s.writers {
+		if w != nil {
+			open = append(open, w)
+		}
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, w := range open {
+		errs = append(errs, w.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// checkTablet rejects IDs that would escape the directory or collide with
+// the directory's own entries.
+func checkTablet(tablet string) error {
+	if tablet == "" || tablet == "." || tablet == ".." || strings.ContainsAny(tablet, "/\\\x00") {
+		return fmt.Errorf("%w: %q", ErrBadTablet, tablet)
+	}
+	return nil
+}
+
+// Writer writes one tablet; see sink.TabletWriter. Records are staged in
+// memory (one batch, encoded) and touch the disk only at Commit. After an
+// error from Commit other than a bad checkpoint the writer is broken: every
+// later call returns that error, and the caller must Close it and Open the
+// tablet again, which drops whatever the failed Commit left behind.
+type Writer struct {
+	s      *Sink
+	tablet string
+	lock   *flock.Flock
+	prefix []byte // the constant start of every line
+
+	mu     sync.Mutex
+	f      *os.File
+	cp     source.Checkpoint // stored checkpoint as this writer knows it
+	offset int64             // committed bytes of the data file
+	staged []byte            // encoded lines for the next Commit
+	last   source.Checkpoint // position of the last staged record, or cp
+	err    error             // sticky: sink.ErrClosed, fenced, or an I/O failure
+	closed bool
+}
+
+var _ sink.TabletWriter = (*Writer)(nil)
+
+// load reads the manifest and opens the data file truncated to its offset.
+func (w *Writer) load() error {
+	m, err := readManifest(w.s.dir, w.tablet)
+	if err != nil {
+		return err
+	}
+	if (m.Stream != "" && m.Stream != w.s.stream) || (m.Tablet != "" && m.Tablet != w.tablet) {
+		return fmt.Errorf("%w: manifest is for stream %q tablet %q", ErrCorrupt, m.Stream, m.Tablet)
+	}
+	f, err := os.OpenFile(dataPath(w.s.dir, w.tablet), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("open data: %w", err)
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() < m.Offset {
+		err = fmt.Errorf("%w: data file has %d bytes, manifest says %d are committed", ErrCorrupt, fi.Size(), m.Offset)
+	}
+	if err == nil && fi.Size() > m.Offset {
+		err = f.Truncate(m.Offset) // the uncommitted tail
+	}
+	if err != nil {
+		_ = f.Close()
+		return err
+	}
+	w.f, w.cp, w.last, w.offset = f, m.Checkpoint, m.Checkpoint, m.Offset
+	return nil
+}
+
+// Checkpoint returns the manifest's checkpoint at Open, then the last one
+// this writer committed.
+func (w *Writer) Checkpoint() source.Checkpoint {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cp
+}
+
+// Write encodes and stages records. Records at or below Checkpoint() or at
+// or below the last staged record are skipped. It is all or nothing: on
+// ErrBadRecord nothing of this call is staged.
+func (w *Writer) Write(ctx context.Context, records []source.Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return w.err
+	}
+	staged, last := len(w.staged), w.last
+	for i := range records {
+		rec := &records[i]
+		if rec.Position.Compare(w.last) <= 0 {
+			continue
+		}
+		var err error
+		if rec.Tablet != w.tablet {
+			err = fmt.Errorf("%w: position %s is tablet %q's, not %q's", ErrBadRecord, rec.Position, rec.Tablet, w.tablet)
+		} else {
+			w.staged, err = appendLine(w.staged, w.prefix, rec)
+		}
+		if err != nil {
+			w.staged, w.last = w.staged[:staged], last
+			return err
+		}
+		w.last = rec.Position
+	}
+	return nil
+}
+
+// Commit stores the staged lines and cp; see sink.TabletWriter. One data
+// write, one data fsync and one manifest replace, whatever the batch size.
+// An empty batch with a new cp stores the checkpoint; an empty batch with
+// the same cp writes nothing but still checks the fence.
+func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return w.err
+	}
+	if cp.Compare(w.last) < 0 {
+		return fmt.Errorf("commit %s to tablet %s: %w: checkpoint %s, last staged %s",
+			cp, w.tablet, ErrBadCommit, w.cp, w.last)
+	}
+	// Pre-check: the data file ends where our committed data does, so
+	// nobody appended behind our back and our write lands after committed
+	// data only.
+	fi, err := w.f.Stat()
+	if err != nil {
+		return w.fail(fmt.Errorf("commit tablet %s: stat data: %w", w.tablet, err))
+	}
+	if fi.Size() != w.offset {
+		return w.fence(false, fmt.Sprintf("data file has %d bytes, this writer committed %d", fi.Size(), w.offset))
+	}
+	n := int64(len(w.staged))
+	if n > 0 {
+		if _, err := w.f.WriteAt(w.staged, w.offset); err != nil {
+			return w.fail(w.undo(fmt.Errorf("commit tablet %s: write data: %w", w.tablet, err)))
+		}
+		if err := w.f.Sync(); err != nil {
+			return w.fail(w.undo(fmt.Errorf("commit tablet %s: sync data: %w", w.tablet, err)))
+		}
+	}
+	// Compare-and-set: the manifest is still the one this writer knows.
+	m, err := readManifest(w.s.dir, w.tablet)
+	if err != nil {
+		return w.fail(w.undo(fmt.Errorf("commit tablet %s: %w", w.tablet, err)))
+	}
+	if m.Checkpoint != w.cp || m.Offset != w.offset {
+		return w.fence(n > 0, fmt.Sprintf("stored checkpoint %q offset %d, this writer's %q offset %d",
+			m.Checkpoint, m.Offset, w.cp, w.offset))
+	}
+	if n == 0 && cp == w.cp {
+		return nil
+	}
+	next := manifest{Stream: w.s.stream, Tablet: w.tablet, Checkpoint: cp, Offset: w.offset + n, Updated: time.Now().UTC()}
+	if err := writeManifest(w.s.dir, w.tablet, next); err != nil {
+		// After a failed rename the old manifest stands; after a failed
+		// directory fsync either may be on disk. The writer is broken in
+		// both cases, and the next Open goes by what the manifest says.
+		return w.fail(w.undo(fmt.Errorf("commit tablet %s: %w", w.tablet, err)))
+	}
+	w.cp, w.last, w.offset = cp, cp, next.Offset
+	if cap(w.staged) > 16<<20 {
+		w.staged = nil // do not pin one huge batch's buffer
+	}
+	w.staged = w.staged[:0]
+	return nil
+}
+
+// fence breaks the writer with sink.ErrFenced. If it appended, it truncates
+// its lines away, but never below the data the current manifest commits.
+func (w *Writer) fence(appended bool, why string) error {
+	err := fmt.Errorf("commit tablet %s: %w: %s", w.tablet, sink.ErrFenced, why)
+	if appended {
+		err = w.undo(err)
+	}
+	return w.fail(err)
+}
+
+// undo truncates the data file back to this writer's committed offset (or
+// the manifest's, if that is further) after a failed commit, so the failed
+// batch is not left on disk even until the next Open. It returns err, with
+// the truncation's failure joined.
+func (w *Writer) undo(err error) error {
+	to := w.offset
+	if m, merr := readManifest(w.s.dir, w.tablet); merr == nil && m.Offset > to {
+		to = m.Offset
+	}
+	if terr := w.f.Truncate(to); terr != nil {
+		return errors.Join(err, fmt.Errorf("truncate data: %w", terr))
+	}
+	_ = w.f.Sync()
+	return err
+}
+
+// fail makes err sticky and drops the staged batch.
+func (w *Writer) fail(err error) error {
+	w.err = err
+	w.staged = nil
+	return err
+}
+
+// Close drops staged records and releases the tablet's lock. It is
+// idempotent.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed, w.err = true, sink.ErrClosed
+	w.staged = nil
+	err := w.release()
+	w.mu.Unlock()
+
+	w.s.mu.Lock()
+	if w.s.writers[w.tablet] == w {
+		delete(w.s.writers, w.tablet)
+	}
+	w.s.mu.Unlock()
+	return err
+}
+
+// release closes the data file and unlocks the tablet.
+func (w *Writer) release() error {
+	var errs []error
+	if w.f != nil {
+		errs = append(errs, w.f.Close())
+	}
+	errs = append(errs, w.lock.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,323 @@
+package jsonl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/sink"
+	"github.com/tabletflow/tabletflow/sink/sinktest"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/tabletd/digest"
+)
+
+const stream = "orders"
+
+var ctx = context.Background()
+
+func TestContract(t *testing.T) {
+	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
+		dir := t.TempDir()
+		return sinktest.Harness{
+			Open: func(t *testing.T) sink.Sink { return newSink(t, dir) },
+			Read: func(t *testing.T) map[string][]source.Record { return readRecords(t, dir) },
+			Tamper: func(t *testing.T, tablet string, cp source.Checkpoint) {
+				m, err := readManifest(dir, tablet)
+				require.NoError(t, err)
+				m.Stream, m.Tablet, m.Checkpoint = stream, tablet, cp
+				require.NoError(t, writeManifest(dir, tablet, m))
+			},
+			Crash: func(t *testing.T, s sink.Sink) { s.(*Sink).crash() },
+		}
+	})
+}
+
+// crash makes s act as if its process died mid-Commit, the worst moment:
+// each open writer's staged lines are half written past the committed data
+// (a torn last line) and never fsynced or committed, and its file and lock
+// are closed as the kernel would on exit. The manifest is not touched.
+func (s *Sink) crash() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for tablet, w := range s.writers {
+		if w == nil {
+			continue
+		}
+		w.mu.Lock()
+		_, _ = w.f.WriteAt(w.staged[:len(w.staged)/2], w.offset)
+		_ = w.release()
+		w.closed, w.err = true, sink.ErrClosed
+		w.mu.Unlock()
+		delete(s.writers, tablet)
+	}
+}
+
+func newSink(t *testing.T, dir string) *Sink {
+	s, err := New(dir, stream)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func readRecords(t *testing.T, dir string) map[string][]source.Record {
+	lines, err := ReadDir(dir)
+	require.NoError(t, err)
+	out := map[string][]source.Record{}
+	for tablet, ls := range lines {
+		for _, l := range ls {
+			r, err := l.Record()
+			require.NoError(t, err)
+			out[tablet] = append(out[tablet], r)
+		}
+	}
+	return out
+}
+
+// commit opens tablet on a new sink over dir, stores recs and closes.
+func commit(t *testing.T, dir, tablet string, recs []source.Record) {
+	s := newSink(t, dir)
+	w, err := s.Open(ctx, tablet)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, recs))
+	require.NoError(t, w.Commit(ctx, recs[len(recs)-1].Position))
+	require.NoError(t, w.Close())
+	require.NoError(t, s.Close())
+}
+
+func TestLineFormat(t *testing.T) {
+	dir := t.TempDir()
+	at := time.Date(2026, 11, 30, 10, 5, 0, 120000000, time.FixedZone("CET", 3600))
+	recs := []source.Record{
+		{Tablet: "t-0001", Position: source.Checkpoint{Term: 2, Index: 7}, CommitTime: at, Table: "orders",
+			Op: source.Insert, Key: json.RawMessage(`{"id":7}`), After: json.RawMessage(`{"id":7,"note":"<b> & \"x\""}`)},
+		{Tablet: "t-0001", Position: source.Checkpoint{Term: 2, Index: 8}, CommitTime: at.Add(time.Nanosecond), Table: "order \"items\"",
+			Op: source.Delete, Key: json.RawMessage(`{"id":8}`), Before: json.RawMessage("{\n  \"id\": 8\n}")},
+	}
+	commit(t, dir, "t-0001", recs)
+
+	data, err := os.ReadFile(filepath.Join(dir, "t-0001.jsonl"))
+	require.NoError(t, err)
+	want := `{"stream":"orders","tablet":"t-0001","position":"2.7","table":"orders","op":"insert",` +
+		`"key":{"id":7},"before":null,"after":{"id":7,"note":"<b> & \"x\""},"commitTime":"2026-11-30T09:05:00.12Z"}` + "\n" +
+		`{"stream":"orders","tablet":"t-0001","position":"2.8","table":"order \"items\"","op":"delete",` +
+		`"key":{"id":8},"before":{"id":8},"after":null,"commitTime":"2026-11-30T09:05:00.120000001Z"}` + "\n"
+	require.Equal(t, want, string(data), "fields in order, JSON verbatim (compacted only across a line break), UTC RFC3339Nano")
+}
+
+func TestWriteRejectsBadRecordsAndStagesNothingOfTheCall(t *testing.T) {
+	good := sinktest.Records("t-0001", 1, 4)
+	tests := []struct {
+		name   string
+		mutate func(r *source.Record)
+	}{
+		// An op outside insert/update/delete.
+		{name: "unknown op", mutate: func(r *source.Record) { r.Op = "upsert" }},
+		// JSON that would break the line.
+		{name: "invalid key JSON", mutate: func(r *source.Record) { r.Key = json.RawMessage(`{"id":`) }},
+		// Another tablet's record.
+		{name: "wrong tablet", mutate: func(r *source.Record) { r.Tablet = "t-0002" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := newSink(t, dir)
+			w, err := s.Open(ctx, "t-0001")
+			require.NoError(t, err)
+			require.NoError(t, w.Write(ctx, good[:2]))
+			bad := slices.Clone(good[2:])
+			tt.mutate(&bad[1])
+			require.ErrorIs(t, w.Write(ctx, bad), ErrBadRecord)
+			require.NoError(t, w.Commit(ctx, good[1].Position))
+			require.NoError(t, w.Close())
+			require.Equal(t, sinktest.Records("t-0001", 1, 2), readRecords(t, dir)["t-0001"])
+		})
+	}
+}
+
+func TestOpenRejectsBadTabletIDs(t *testing.T) {
+	s := newSink(t, t.TempDir())
+	for _, id := range []string{"", ".", "..", "a/b", "../x", `a\b`, "a\x00b"} {
+		_, err := s.Open(ctx, id)
+		require.ErrorIs(t, err, ErrBadTablet, "tablet %q", id)
+	}
+}
+
+func TestOpenTruncatesTornTail(t *testing.T) {
+	dir := t.TempDir()
+	recs := sinktest.Records("t-0001", 1, 5)
+	commit(t, dir, "t-0001", recs)
+	path := filepath.Join(dir, "t-0001.jsonl")
+	committed, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"stream":"orders","tablet":"t-0001","position":"1.6","tab`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	// Readers ignore the tail even before a writer truncates it.
+	require.Len(t, readRecords(t, dir)["t-0001"], 5)
+
+	s := newSink(t, dir)
+	w, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.Equal(t, recs[4].Position, w.Checkpoint())
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, committed, after, "Open truncates the data file back to the manifest's offset")
+}
+
+func TestOpenRejectsDataShorterThanManifest(t *testing.T) {
+	dir := t.TempDir()
+	commit(t, dir, "t-0001", sinktest.Records("t-0001", 1, 5))
+	require.NoError(t, os.Truncate(filepath.Join(dir, "t-0001.jsonl"), 10))
+
+	_, err := newSink(t, dir).Open(ctx, "t-0001")
+	require.ErrorIs(t, err, ErrCorrupt)
+	_, err = ReadDir(dir)
+	require.ErrorIs(t, err, ErrCorrupt)
+}
+
+func TestOpenRejectsAnotherStreamsManifest(t *testing.T) {
+	dir := t.TempDir()
+	commit(t, dir, "t-0001", sinktest.Records("t-0001", 1, 2))
+	s, err := New(dir, "payments")
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Open(ctx, "t-0001")
+	require.ErrorIs(t, err, ErrCorrupt)
+}
+
+func TestCommitLeavesOnlyDataManifestAndLockFiles(t *testing.T) {
+	dir := t.TempDir()
+	commit(t, dir, "t-0001", sinktest.Records("t-0001", 1, 5))
+	commit(t, dir, "t-0001", sinktest.Records("t-0001", 6, 9))
+	commit(t, dir, "t-0002", sinktest.Records("t-0002", 1, 3))
+
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	require.Equal(t, []string{
+		"t-0001.jsonl", "t-0001.lock", "t-0001.manifest.json",
+		"t-0002.jsonl", "t-0002.lock", "t-0002.manifest.json",
+	}, names, "no temp file is left behind; only data files end in .jsonl")
+
+	b, err := os.ReadFile(filepath.Join(dir, "t-0001.manifest.json"))
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(b, &m))
+	data, err := os.Stat(filepath.Join(dir, "t-0001.jsonl"))
+	require.NoError(t, err)
+	require.Equal(t, "orders", m["stream"])
+	require.Equal(t, "t-0001", m["tablet"])
+	require.Equal(t, "1.9", m["checkpoint"])
+	require.Equal(t, float64(data.Size()), m["offset"])
+	require.Contains(t, m, "updated")
+}
+
+// TestWriterThatLostItsLockIsFenced removes the lock file under a writer,
+// so a second writer gets a new lock and opens at the same checkpoint,
+// as on a filesystem without coherent locks. The compare-and-set catches
+// whichever commits second, before it touches the first one's data.
+func TestWriterThatLostItsLockIsFenced(t *testing.T) {
+	dir := t.TempDir()
+	wa, err := newSink(t, dir).Open(ctx, "t-0001")
+	require.NoError(t, err)
+	_, err = newSink(t, dir).Open(ctx, "t-0001")
+	require.ErrorIs(t, err, sink.ErrLocked, "the lock works across Sink instances")
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "t-0001.lock")))
+	wb, err := newSink(t, dir).Open(ctx, "t-0001")
+	require.NoError(t, err)
+
+	recs := sinktest.Records("t-0001", 1, 10)
+	require.NoError(t, wa.Write(ctx, recs[:4]))
+	require.NoError(t, wa.Commit(ctx, recs[3].Position))
+	require.NoError(t, wb.Write(ctx, recs))
+	require.ErrorIs(t, wb.Commit(ctx, recs[9].Position), sink.ErrFenced)
+
+	// B also loses when only the checkpoint moved (an empty commit by A).
+	require.NoError(t, os.Remove(filepath.Join(dir, "t-0001.lock"))) // B's
+	wc, err := newSink(t, dir).Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.NoError(t, wa.Commit(ctx, recs[5].Position))
+	require.NoError(t, wc.Write(ctx, recs))
+	require.ErrorIs(t, wc.Commit(ctx, recs[9].Position), sink.ErrFenced)
+
+	require.Equal(t, recs[:4], readRecords(t, dir)["t-0001"])
+	info, err := os.Stat(filepath.Join(dir, "t-0001.jsonl"))
+	require.NoError(t, err)
+	m, err := readManifest(dir, "t-0001")
+	require.NoError(t, err)
+	require.Equal(t, m.Offset, info.Size(), "the fenced writers left no bytes behind")
+	require.Equal(t, recs[5].Position, m.Checkpoint)
+}
+
+func TestDigestDirMatchesSourceDigest(t *testing.T) {
+	dir := t.TempDir()
+	var want digest.Digest
+	wantTablets := map[string]digest.Digest{}
+	for _, tablet := range []string{"t-0001", "t-0002"} {
+		recs := sinktest.Records(tablet, 1, 50)
+		commit(t, dir, tablet, recs[:30])
+		commit(t, dir, tablet, recs) // re-read overlap is skipped
+		var d digest.Digest
+		for _, r := range recs {
+			d.Add(sourceHash(r))
+		}
+		wantTablets[tablet] = d
+		want = want.Plus(d)
+	}
+
+	got, err := DigestDir(dir)
+	require.NoError(t, err)
+	require.Equal(t, want, got.Total)
+	require.Equal(t, wantTablets, got.Tablets)
+	require.Empty(t, got.Duplicates)
+}
+
+func TestDigestDirReportsDuplicates(t *testing.T) {
+	dir := t.TempDir()
+	recs := sinktest.Records("t-0001", 1, 5)
+	commit(t, dir, "t-0001", recs)
+	clean, err := DigestDir(dir)
+	require.NoError(t, err)
+
+	// Duplicate the third line by hand, and commit it in the manifest.
+	path := filepath.Join(dir, "t-0001.jsonl")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	dup := slices.Concat(lines[:3], [][]byte{lines[2]}, lines[3:])
+	require.NoError(t, os.WriteFile(path, bytes.Join(dup, nil), 0o644))
+	m, err := readManifest(dir, "t-0001")
+	require.NoError(t, err)
+	m.Offset += int64(len(lines[2]))
+	require.NoError(t, writeManifest(dir, "t-0001", m))
+
+	got, err := DigestDir(dir)
+	require.NoError(t, err)
+	require.Equal(t, []Duplicate{{Tablet: "t-0001", Position: "1.3", Count: 2}}, got.Duplicates)
+	require.Equal(t, clean.Total.Records+1, got.Total.Records)
+	require.Equal(t, clean.Total.Hash+sourceHash(recs[2]), got.Total.Hash, "the hash is additive: a duplicate adds its hash again")
+}
+
+// sourceHash is the record's hash as the source computes it.
+func sourceHash(r source.Record) uint64 {
+	return digest.Hash(digest.Fields{
+		Tablet: r.Tablet, Position: r.Position.String(), Table: r.Table, Op: string(r.Op),
+		Key: r.Key, Before: r.Before, After: r.After, CommitTime: r.CommitTime,
+	})
+}
