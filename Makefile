@@ -13,7 +13,7 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 STATICCHECK_VERSION := v0.8.2
 
-BINARIES := tabletd
+BINARIES := tabletd worker starter
 
 .PHONY: all build test bench soak proto lint demo stop tools clean
 

@@ -1,0 +1,93 @@
+// Package activities holds tabletflow's Temporal activities: the I/O that
+// workflows orchestrate. They are methods on structs holding their clients;
+// register one instance per worker.
+package activities
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/sink"
+	"github.com/tabletflow/tabletflow/sink/jsonl"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/source/tabletd"
+)
+
+// Resources opens sources and sinks from a stream's config and shares them
+// across activities, so connections and file handles are reused.
+type Resources struct {
+	mu      sync.Mutex
+	sources map[sourceKey]source.Source
+	sinks   map[sinkKey]sink.Sink
+}
+
+// sourceKey is what identifies a connection (tables do not).
+type sourceKey struct {
+	kind, address, keyspace, tokenEnv string
+}
+
+type sinkKey struct {
+	kind, path, stream string
+}
+
+// NewResources returns an empty cache.
+func NewResources() *Resources {
+	return &Resources{sources: map[sourceKey]source.Source{}, sinks: map[sinkKey]sink.Sink{}}
+}
+
+// Source returns the shared client for a source config.
+func (r *Resources) Source(cfg config.Source) (source.Source, error) {
+	key := sourceKey{kind: cfg.Kind, address: cfg.Address, keyspace: cfg.Keyspace, tokenEnv: cfg.TokenEnv}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.sources[key]; s != nil {
+		return s, nil
+	}
+	switch cfg.Kind {
+	case "tabletd":
+		s, err := tabletd.Dial(cfg.Address, cfg.Keyspace)
+		if err != nil {
+			return nil, err
+		}
+		r.sources[key] = s
+		return s, nil
+	}
+	return nil, fmt.Errorf("source.kind: unknown kind %q", cfg.Kind)
+}
+
+// Sink returns the shared sink of a stream.
+func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
+	key := sinkKey{kind: cfg.Kind, path: filepath.Clean(cfg.Path), stream: stream}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.sinks[key]; s != nil {
+		return s, nil
+	}
+	switch cfg.Kind {
+	case "jsonl":
+		s, err := jsonl.New(cfg.Path, stream)
+		if err != nil {
+			return nil, err
+		}
+		r.sinks[key] = s
+		return s, nil
+	}
+	return nil, fmt.Errorf("sink.kind: unknown kind %q", cfg.Kind)
+}
+
+// Close closes every source and sink.
+func (r *Resources) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, s := range r.sources {
+		_ = s.Close()
+		delete(r.sources, k)
+	}
+	for k, s := range r.sinks {
+		_ = s.Close()
+		delete(r.sinks, k)
+	}
+	return nil
+}

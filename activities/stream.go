@@ -1,0 +1,137 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/picker"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// EnsureStreamInput creates a stream's source-side stream.
+type EnsureStreamInput struct {
+	Stream    string        `json:"stream"`
+	Source    config.Source `json:"source"`
+	StartFrom string        `json:"startFrom"`
+}
+
+// EnsureStream creates the source-side stream if it does not exist; it is
+// idempotent.
+func (a *Activities) EnsureStream(ctx context.Context, in EnsureStreamInput) (source.Stream, error) {
+	src, err := a.Resources.Source(in.Source)
+	if err != nil {
+		return source.Stream{}, fatalf("%v", err)
+	}
+	s, err := src.EnsureStream(ctx, source.StreamSpec{ID: in.Stream, Tables: in.Source.Tables, StartFrom: source.StartFrom(in.StartFrom)})
+	if err != nil {
+		return source.Stream{}, classified(src, err)
+	}
+	return s, nil
+}
+
+// DeleteStreamInput drops a stream's source-side stream.
+type DeleteStreamInput struct {
+	Stream string        `json:"stream"`
+	Source config.Source `json:"source"`
+}
+
+// DeleteStream drops the source-side stream; deleting an absent one is not
+// an error.
+func (a *Activities) DeleteStream(ctx context.Context, in DeleteStreamInput) error {
+	src, err := a.Resources.Source(in.Source)
+	if err != nil {
+		return fatalf("%v", err)
+	}
+	return classified(src, src.DeleteStream(ctx, in.Stream))
+}
+
+// ListTablets returns the keyspace's tablets with their replicas' health.
+func (a *Activities) ListTablets(ctx context.Context, cfg config.Source) ([]source.Tablet, error) {
+	src, err := a.Resources.Source(cfg)
+	if err != nil {
+		return nil, fatalf("%v", err)
+	}
+	tablets, err := src.ListTablets(ctx)
+	return tablets, classified(src, err)
+}
+
+// QueryExclusions is the stream workflow's query for its operator exclude
+// list, which the picker reads at selection time.
+const QueryExclusions = "exclusions"
+
+// SelectReplicaInput asks the tablet picker for a replica.
+type SelectReplicaInput struct {
+	Stream    string           `json:"stream"`
+	Tablet    string           `json:"tablet"`
+	Source    config.Source    `json:"source"`
+	Selection config.Selection `json:"selection"`
+	// Exclude is the tablet's own (automatic) exclude list; the stream's
+	// operator list is read with the QueryExclusions query.
+	Exclude []config.Exclusion `json:"exclude"`
+}
+
+// Selection is the picker's choice.
+type Selection struct {
+	Replica source.Replica `json:"replica"`
+	// Candidates is how many replicas were eligible: an automatic exclusion
+	// never removes the last one.
+	Candidates int `json:"candidates"`
+}
+
+// SelectReplica is the tablet picker: it reads the tablet's replicas from
+// the topology and picks one (package picker). With no eligible replica it
+// returns a NoEligibleReplica error saying why each was skipped.
+func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (Selection, error) {
+	src, err := a.Resources.Source(in.Source)
+	if err != nil {
+		return Selection{}, fatalf("%v", err)
+	}
+	exclude := in.Exclude
+	if a.Client != nil && in.Stream != "" {
+		v, err := a.Client.QueryWorkflow(ctx, in.Stream, "", QueryExclusions)
+		if err != nil {
+			return Selection{}, fmt.Errorf("query the stream's exclude list: %w", err)
+		}
+		var operator []config.Exclusion
+		if err := v.Get(&operator); err != nil {
+			return Selection{}, fmt.Errorf("decode the stream's exclude list: %w", err)
+		}
+		exclude = append(append([]config.Exclusion(nil), exclude...), operator...)
+	}
+	tablets, err := src.ListTablets(ctx)
+	if err != nil {
+		return Selection{}, classified(src, err)
+	}
+	for _, t := range tablets {
+		if t.ID != in.Tablet {
+			continue
+		}
+		opts := picker.FromConfig(in.Selection)
+		now := a.now()
+		cands, _ := picker.Candidates(t, opts, exclude, now)
+		r, err := picker.Pick(t, opts, exclude, now, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
+		if errors.Is(err, picker.ErrNoEligibleReplica) {
+			return Selection{}, temporal.NewNonRetryableApplicationError(err.Error(), ErrNoEligibleReplica, err)
+		}
+		return Selection{Replica: r, Candidates: len(cands)}, err
+	}
+	return Selection{}, fatalf("tablet %s: %v", in.Tablet, source.ErrUnknownTablet)
+}
+
+// classified turns a source error into a retryable one (RetrySame) or a
+// typed non-retryable one.
+func classified(src source.Source, err error) error {
+	if err == nil {
+		return nil
+	}
+	c := src.Classify(err)
+	if c.Action == source.RetrySame {
+		return err
+	}
+	return typed(c, fmt.Errorf("%w", err), "", source.Checkpoint{})
+}

@@ -1,0 +1,274 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/converter"
+	"go.uber.org/zap"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/sink"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// SignalProgress is the signal GetChanges sends its own TabletWorkflow when
+// an attempt after the first starts (Retrying) and when it recovers.
+const SignalProgress = "tablet-progress"
+
+// WorkflowClient signals and queries workflows; client.Client is one.
+type WorkflowClient interface {
+	SignalWorkflow(ctx context.Context, workflowID, runID, signalName string, arg any) error
+	QueryWorkflow(ctx context.Context, workflowID, runID, queryType string, args ...any) (converter.EncodedValue, error)
+}
+
+// Activities holds what the activities need: shared sources and sinks, and
+// a Temporal client to signal and query workflows.
+type Activities struct {
+	Resources *Resources
+	Client    WorkflowClient
+	Logger    *zap.Logger
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+func (a *Activities) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+// GetChangesInput is one bounded run of a tablet's change stream.
+type GetChangesInput struct {
+	Stream     string            `json:"stream"`
+	Tablet     string            `json:"tablet"`
+	Source     config.Source     `json:"source"`
+	Sink       config.Sink       `json:"sink"`
+	Replica    source.Replica    `json:"replica"`
+	Checkpoint source.Checkpoint `json:"checkpoint"`
+	Batch      config.Batch      `json:"batch"`
+	// RunFor bounds the run; it returns after about this long.
+	RunFor config.Duration `json:"runFor"`
+}
+
+// GetChangesResult is where a run got to. Records never travel here.
+type GetChangesResult struct {
+	Checkpoint source.Checkpoint `json:"checkpoint"`
+	Records    int64             `json:"records"`
+	Batches    int64             `json:"batches"`
+	CaughtUp   bool              `json:"caughtUp"`
+	LagSeconds float64           `json:"lagSeconds"`
+	// Stopped says why the run ended: "run ended", "cancelled",
+	// "worker stopping".
+	Stopped string `json:"stopped"`
+}
+
+// Heartbeat is GetChanges' heartbeat detail: enough for the next attempt
+// to resume and to say why the previous one failed.
+type Heartbeat struct {
+	Checkpoint source.Checkpoint `json:"checkpoint"`
+	Records    int64             `json:"records"`
+	Batches    int64             `json:"batches"`
+	LastError  string            `json:"lastError,omitempty"`
+}
+
+// Progress is the SignalProgress payload.
+type Progress struct {
+	// State is "Retrying" or "Streaming".
+	State     string `json:"state"`
+	Attempt   int32  `json:"attempt"`
+	LastError string `json:"lastError,omitempty"`
+	Replica   string `json:"replica"`
+}
+
+// commitTimeout bounds a commit or an ack, which run on a context that
+// cancellation does not cut.
+const commitTimeout = 30 * time.Second
+
+// GetChanges reads a tablet from one replica and writes it to the sink, in
+// a loop: long-polled batch → sink write → durable commit → ack to the
+// source → heartbeat. It returns after in.RunFor, on cancellation or when
+// the worker stops, always at a batch boundary after a commit. On a retry
+// it resumes from the later of the heartbeat, the sink's stored checkpoint
+// and in.Checkpoint. Errors are classified by the source: retry-same ones
+// are plain (the activity's RetryPolicy retries them); the others are
+// non-retryable ApplicationErrors typed for the workflow.
+func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetChangesResult, error) {
+	info := activity.GetInfo(ctx)
+	log := a.logger().With(zap.String("stream", in.Stream), zap.String("tablet", in.Tablet),
+		zap.String("replica", in.Replica.Alias), zap.Int32("attempt", info.Attempt))
+	var hb Heartbeat
+	if activity.HasHeartbeatDetails(ctx) {
+		_ = activity.GetHeartbeatDetails(ctx, &hb)
+	}
+	res := GetChangesResult{Checkpoint: source.Max(in.Checkpoint, hb.Checkpoint)}
+	fail := func(err error) (GetChangesResult, error) {
+		// Recorded so the next attempt can report why this one failed.
+		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: hb.Records, Batches: hb.Batches, LastError: err.Error()})
+		return res, err
+	}
+
+	src, err := a.Resources.Source(in.Source)
+	if err != nil {
+		return res, fatalf("%v", err)
+	}
+	if info.Attempt > 1 {
+		a.signal(ctx, info, Progress{State: "Retrying", Attempt: info.Attempt, LastError: hb.LastError, Replica: in.Replica.Alias})
+		// Retry same, as Vitess means it: first ask the topology about the
+		// replica; if it is down, not serving or unhealthy, re-select now.
+		if why := replicaTrouble(ctx, src, in.Tablet, in.Replica.Alias); why != "" {
+			return res, unhealthy(in.Replica.Alias, why, res.Checkpoint)
+		}
+	}
+	snk, err := a.Resources.Sink(in.Sink, in.Stream)
+	if err != nil {
+		return res, fatalf("%v", err)
+	}
+	w, err := snk.Open(ctx, in.Tablet)
+	if err != nil {
+		return fail(fmt.Errorf("open sink for tablet %s: %w", in.Tablet, err)) // ErrLocked: retry
+	}
+	defer w.Close()
+	res.Checkpoint = source.Max(res.Checkpoint, w.Checkpoint())
+	rd, err := src.OpenReplica(ctx, in.Replica)
+	if err != nil {
+		return fail(err)
+	}
+
+	deadline := a.now().Add(in.RunFor.D())
+	recovered := info.Attempt == 1
+	stop := activity.GetWorkerStopChannel(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			res.Stopped = "cancelled"
+			return res, nil
+		case <-stop:
+			res.Stopped = "worker stopping"
+			return res, nil
+		default:
+		}
+		if !a.now().Before(deadline) {
+			res.Stopped = "run ended"
+			return res, nil
+		}
+		began := a.now()
+		pollCtx, cancel := context.WithTimeout(ctx, in.Batch.MaxWait.D()+commitTimeout)
+		batch, err := rd.GetChanges(pollCtx, source.ChangesRequest{
+			Stream: in.Stream, Tablet: in.Tablet, From: res.Checkpoint,
+			MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(),
+		})
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil { // cancelled or stopping during the long poll: nothing was read
+				continue
+			}
+			c := src.Classify(err)
+			log.Warn("get changes failed", zap.Error(err), zap.String("action", c.Action.String()))
+			if c.Action == source.RetrySame {
+				return fail(err)
+			}
+			return res, typed(c, err, in.Replica.Alias, res.Checkpoint)
+		}
+		if err := a.commit(ctx, w, rd, in, batch); err != nil {
+			if errors.Is(err, sink.ErrFenced) {
+				return res, nonRetryable(ErrFenced, err, ErrorDetails{Reason: "FENCED", Replica: in.Replica.Alias, Checkpoint: res.Checkpoint})
+			}
+			return fail(err)
+		}
+		if batch.Checkpoint.Compare(res.Checkpoint) > 0 {
+			res.Checkpoint = batch.Checkpoint
+		}
+		res.Records += int64(len(batch.Records))
+		res.Batches++
+		res.CaughtUp = batch.CaughtUp
+		res.LagSeconds = 0
+		if !batch.CaughtUp && len(batch.Records) > 0 {
+			res.LagSeconds = a.now().Sub(batch.Records[len(batch.Records)-1].CommitTime).Seconds()
+		}
+		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: hb.Records + res.Records, Batches: hb.Batches + res.Batches})
+		if !recovered {
+			recovered = true
+			a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: in.Replica.Alias})
+		}
+		log.Debug("batch committed", zap.Int("records", len(batch.Records)),
+			zap.Stringer("checkpoint", res.Checkpoint), zap.Duration("took", a.now().Sub(began)))
+	}
+}
+
+// commit writes a batch to the sink and makes it durable, then acks it to
+// the source: sink durable → checkpoint acknowledged. Both run on a
+// context that cancellation does not cut.
+func (a *Activities) commit(ctx context.Context, w sink.TabletWriter, rd source.ReplicaReader, in GetChangesInput, b source.Batch) error {
+	if b.Checkpoint.Compare(w.Checkpoint()) <= 0 {
+		return nil // nothing new (an empty poll)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err := w.Write(cctx, b.Records); err != nil {
+		return fmt.Errorf("sink write: %w", err)
+	}
+	if err := w.Commit(cctx, b.Checkpoint); err != nil {
+		return fmt.Errorf("sink commit at %s: %w", b.Checkpoint, err)
+	}
+	// The ack only advances the source's retention barrier; a failed one is
+	// repeated by the next batch's.
+	if err := rd.Ack(cctx, in.Stream, in.Tablet, b.Checkpoint); err != nil {
+		a.logger().Warn("ack failed", zap.String("tablet", in.Tablet), zap.Error(err))
+	}
+	return nil
+}
+
+// signal tells the tablet's own workflow about progress; best effort.
+func (a *Activities) signal(ctx context.Context, info activity.Info, p Progress) {
+	if a.Client == nil {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := a.Client.SignalWorkflow(sctx, info.WorkflowExecution.ID, "", SignalProgress, p); err != nil {
+		a.logger().Warn("progress signal failed", zap.String("workflow", info.WorkflowExecution.ID), zap.Error(err))
+	}
+}
+
+func (a *Activities) logger() *zap.Logger {
+	if a.Logger == nil {
+		return zap.NewNop()
+	}
+	return a.Logger
+}
+
+// replicaTrouble asks the topology about a replica and returns why it
+// should not be retried ("down", "not serving", "unhealthy"), or "" if it
+// looks fine or the topology cannot tell.
+func replicaTrouble(ctx context.Context, src source.Source, tablet, alias string) string {
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	tablets, err := src.ListTablets(tctx)
+	if err != nil {
+		return ""
+	}
+	for _, t := range tablets {
+		if t.ID != tablet {
+			continue
+		}
+		for _, r := range t.Replicas {
+			if r.Alias != alias {
+				continue
+			}
+			switch {
+			case !r.Healthy:
+				return "unhealthy"
+			case !r.Serving:
+				return "not serving"
+			}
+			return ""
+		}
+		return "no longer a replica of the tablet"
+	}
+	return ""
+}

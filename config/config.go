@@ -1,0 +1,349 @@
+// Package config is a stream's configuration: the JSON object an operator
+// starts a StreamWorkflow with. It decodes strictly (unknown fields and
+// wrong types are errors), fills defaults, and validates every field,
+// naming the field at fault.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Stream is a stream's configuration (DESIGN.md "Contract examples").
+type Stream struct {
+	Source          Source      `json:"source"`
+	Sink            Sink        `json:"sink"`
+	StartFrom       string      `json:"startFrom,omitempty"`
+	Selection       Selection   `json:"selection"`
+	Retry           Retry       `json:"retry"`
+	AutoExcludeTTL  Duration    `json:"autoExcludeTTL,omitempty"`
+	Batch           Batch       `json:"batch"`
+	Run             Run         `json:"run"`
+	TopologyRefresh Duration    `json:"topologyRefresh,omitempty"`
+	Exclude         []Exclusion `json:"exclude,omitempty"`
+}
+
+// Source names the database to read. Secrets never go here: a credential
+// is named by the environment variable the worker reads (TokenEnv).
+type Source struct {
+	Kind     string   `json:"kind"`
+	Address  string   `json:"address"`
+	Keyspace string   `json:"keyspace"`
+	Tables   []string `json:"tables,omitempty"`
+	TokenEnv string   `json:"tokenEnv,omitempty"`
+}
+
+// Sink names where records go.
+type Sink struct {
+	Kind string `json:"kind"`
+	// Path is the JSONL sink's directory.
+	Path string `json:"path,omitempty"`
+	// DSNEnv names the environment variable holding a database sink's DSN.
+	DSNEnv string `json:"dsnEnv,omitempty"`
+}
+
+// Selection steers the tablet picker.
+type Selection struct {
+	Cells []string `json:"cells,omitempty"`
+	// CellPreference: "preferLocal" (listed cells first, then the rest) or
+	// "onlySpecified".
+	CellPreference string `json:"cellPreference,omitempty"`
+	// TabletTypes in order of preference.
+	TabletTypes []string `json:"tabletTypes,omitempty"`
+	MaxLag      Duration `json:"maxLag,omitempty"`
+}
+
+// Retry is the GetChanges activity's retry policy. MaximumAttempts counts
+// attempts on one replica; 0 means no limit.
+type Retry struct {
+	InitialInterval    Duration `json:"initialInterval,omitempty"`
+	BackoffCoefficient float64  `json:"backoffCoefficient,omitempty"`
+	MaximumInterval    Duration `json:"maximumInterval,omitempty"`
+	MaximumAttempts    int32    `json:"maximumAttempts,omitempty"`
+}
+
+// Batch bounds one read.
+type Batch struct {
+	MaxRecords int      `json:"maxRecords,omitempty"`
+	MaxWait    Duration `json:"maxWait,omitempty"`
+}
+
+// Run bounds one GetChanges activity.
+type Run struct {
+	Duration         Duration `json:"duration,omitempty"`
+	HeartbeatTimeout Duration `json:"heartbeatTimeout,omitempty"`
+}
+
+// Exclusion is an exclude-list entry: tablet selection must not pick the
+// replica (on one tablet, or on every tablet when Tablet is empty).
+type Exclusion struct {
+	Alias  string `json:"alias"`
+	Tablet string `json:"tablet,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// TTL, in a config or a signal: how long the entry lasts (0: until
+	// lifted). Expires is the resulting instant, in state and status.
+	TTL     Duration  `json:"ttl,omitempty"`
+	Expires time.Time `json:"expires,omitzero"`
+}
+
+// Defaults for every optional field.
+var (
+	DefaultStartFrom       = "earliest"
+	DefaultCellPreference  = "preferLocal"
+	DefaultTabletTypes     = []string{"REPLICA", "RDONLY", "PRIMARY"}
+	DefaultMaxLag          = 30 * time.Second
+	DefaultRetry           = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: 5}
+	DefaultAutoExcludeTTL  = 5 * time.Minute
+	DefaultBatch           = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond)}
+	DefaultRun             = Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
+	DefaultTopologyRefresh = time.Minute
+)
+
+// Limits on values.
+const (
+	MaxBatchRecords = 100_000
+	MaxBatchWait    = time.Minute
+)
+
+var tabletTypes = []string{"PRIMARY", "REPLICA", "RDONLY"}
+
+// Decode parses a stream config strictly, fills defaults and validates it.
+// Errors name the field ("retry.maximumInterval: ...").
+func Decode(data []byte) (Stream, error) {
+	var s Stream
+	if err := DecodeStrict(data, &s); err != nil {
+		return Stream{}, err
+	}
+	s.Defaults()
+	if err := s.Validate(); err != nil {
+		return Stream{}, err
+	}
+	return s, nil
+}
+
+// DecodeStrict decodes one JSON object into v, rejecting unknown fields,
+// wrong types and trailing data, with errors that name the field.
+func DecodeStrict(data []byte, v any) error {
+	if len(bytes.TrimSpace(data)) == 0 || bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
+		return errors.New("empty input: want a JSON object")
+	}
+	if err := checkFields(data, reflect.TypeOf(v)); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return describeJSONError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("unexpected data after the JSON object")
+	}
+	return nil
+}
+
+// describeJSONError rewrites encoding/json's errors to lead with the field.
+func describeJSONError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var fieldErr *FieldError
+	switch {
+	case errors.As(err, &fieldErr):
+		return fieldErr
+	case errors.As(err, &typeErr) && typeErr.Type == durationType:
+		return &FieldError{Field: typeErr.Field, Msg: fmt.Sprintf("%s: want a duration string such as \"500ms\" or \"2h\"", typeErr.Value)}
+	case errors.As(err, &typeErr):
+		return &FieldError{Field: typeErr.Field, Msg: fmt.Sprintf("wrong type: got JSON %s, want %s", typeErr.Value, typeErr.Type)}
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		return &FieldError{Field: strings.Trim(name, `"`), Msg: "unknown field"}
+	}
+	return fmt.Errorf("invalid JSON: %w", err)
+}
+
+// FieldError is a bad value, with the field's JSON path.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string {
+	if e.Field == "" {
+		return e.Msg
+	}
+	return e.Field + ": " + e.Msg
+}
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Defaults fills every unset optional field.
+func (s *Stream) Defaults() {
+	if s.StartFrom == "" {
+		s.StartFrom = DefaultStartFrom
+	}
+	if s.Selection.CellPreference == "" {
+		s.Selection.CellPreference = DefaultCellPreference
+	}
+	if len(s.Selection.TabletTypes) == 0 {
+		s.Selection.TabletTypes = slices.Clone(DefaultTabletTypes)
+	}
+	if s.Selection.MaxLag == 0 {
+		s.Selection.MaxLag = Duration(DefaultMaxLag)
+	}
+	if s.Retry.InitialInterval == 0 {
+		s.Retry.InitialInterval = DefaultRetry.InitialInterval
+	}
+	if s.Retry.BackoffCoefficient == 0 {
+		s.Retry.BackoffCoefficient = DefaultRetry.BackoffCoefficient
+	}
+	if s.Retry.MaximumInterval == 0 {
+		s.Retry.MaximumInterval = DefaultRetry.MaximumInterval
+	}
+	if s.AutoExcludeTTL == 0 {
+		s.AutoExcludeTTL = Duration(DefaultAutoExcludeTTL)
+	}
+	if s.Batch.MaxRecords == 0 {
+		s.Batch.MaxRecords = DefaultBatch.MaxRecords
+	}
+	if s.Batch.MaxWait == 0 {
+		s.Batch.MaxWait = DefaultBatch.MaxWait
+	}
+	if s.Run.Duration == 0 {
+		s.Run.Duration = DefaultRun.Duration
+	}
+	if s.Run.HeartbeatTimeout == 0 {
+		s.Run.HeartbeatTimeout = DefaultRun.HeartbeatTimeout
+	}
+	if s.TopologyRefresh == 0 {
+		s.TopologyRefresh = Duration(DefaultTopologyRefresh)
+	}
+}
+
+var (
+	aliasRe  = regexp.MustCompile(`^[A-Za-z0-9_.]+-[0-9]+$`)
+	envVarRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// Validate checks every field; Defaults must have run.
+func (s *Stream) Validate() error {
+	switch {
+	case s.Source.Kind != "tabletd":
+		return fieldErr("source.kind", "%q: want \"tabletd\"", s.Source.Kind)
+	case s.Source.Address == "":
+		return fieldErr("source.address", "must not be empty (host:port of the topology service)")
+	case !strings.Contains(s.Source.Address, ":"):
+		return fieldErr("source.address", "%q: want host:port", s.Source.Address)
+	case s.Source.Keyspace == "":
+		return fieldErr("source.keyspace", "must not be empty")
+	case s.Source.TokenEnv != "" && !envVarRe.MatchString(s.Source.TokenEnv):
+		return fieldErr("source.tokenEnv", "%q is not an environment variable name", s.Source.TokenEnv)
+	}
+	switch s.Sink.Kind {
+	case "jsonl":
+		if s.Sink.Path == "" {
+			return fieldErr("sink.path", "must not be empty for the jsonl sink")
+		}
+	default:
+		return fieldErr("sink.kind", "%q: want \"jsonl\"", s.Sink.Kind)
+	}
+	if s.Sink.DSNEnv != "" && !envVarRe.MatchString(s.Sink.DSNEnv) {
+		return fieldErr("sink.dsnEnv", "%q is not an environment variable name", s.Sink.DSNEnv)
+	}
+	if s.StartFrom != "earliest" && s.StartFrom != "latest" {
+		return fieldErr("startFrom", "%q: want \"earliest\" or \"latest\"", s.StartFrom)
+	}
+	if err := s.Tunables().Validate(); err != nil {
+		return err
+	}
+	for i, e := range s.Exclude {
+		if err := e.Validate(fmt.Sprintf("exclude[%d]", i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Tunables are the fields an operator may change on a running stream (the
+// `configure` update).
+type Tunables struct {
+	Selection      Selection `json:"selection"`
+	Retry          Retry     `json:"retry"`
+	AutoExcludeTTL Duration  `json:"autoExcludeTTL"`
+	Batch          Batch     `json:"batch"`
+	Run            Run       `json:"run"`
+}
+
+// Tunables returns the stream's tunable fields.
+func (s *Stream) Tunables() Tunables {
+	return Tunables{Selection: s.Selection, Retry: s.Retry, AutoExcludeTTL: s.AutoExcludeTTL, Batch: s.Batch, Run: s.Run}
+}
+
+// Validate checks the tunable fields.
+func (t Tunables) Validate() error {
+	sel := t.Selection
+	if sel.CellPreference != "preferLocal" && sel.CellPreference != "onlySpecified" {
+		return fieldErr("selection.cellPreference", "%q: want \"preferLocal\" or \"onlySpecified\"", sel.CellPreference)
+	}
+	if sel.CellPreference == "onlySpecified" && len(sel.Cells) == 0 {
+		return fieldErr("selection.cells", "must not be empty with cellPreference \"onlySpecified\"")
+	}
+	for i, c := range sel.Cells {
+		if c == "" || slices.Index(sel.Cells, c) != i {
+			return fieldErr(fmt.Sprintf("selection.cells[%d]", i), "%q empty or repeated", c)
+		}
+	}
+	for i, typ := range sel.TabletTypes {
+		if !slices.Contains(tabletTypes, typ) || slices.Index(sel.TabletTypes, typ) != i {
+			return fieldErr(fmt.Sprintf("selection.tabletTypes[%d]", i), "%q: want PRIMARY, REPLICA or RDONLY, each once", typ)
+		}
+	}
+	if sel.MaxLag < 0 {
+		return fieldErr("selection.maxLag", "must not be negative")
+	}
+	r := t.Retry
+	switch {
+	case r.InitialInterval <= 0:
+		return fieldErr("retry.initialInterval", "must be positive")
+	case r.BackoffCoefficient < 1 || math.IsNaN(r.BackoffCoefficient) || math.IsInf(r.BackoffCoefficient, 0):
+		return fieldErr("retry.backoffCoefficient", "%v: must be >= 1", r.BackoffCoefficient)
+	case r.MaximumInterval < r.InitialInterval:
+		return fieldErr("retry.maximumInterval", "%v is below retry.initialInterval %v", r.MaximumInterval, r.InitialInterval)
+	case r.MaximumAttempts < 0:
+		return fieldErr("retry.maximumAttempts", "%d: must be >= 0 (0 = no limit)", r.MaximumAttempts)
+	case t.AutoExcludeTTL <= 0:
+		return fieldErr("autoExcludeTTL", "must be positive")
+	case t.Batch.MaxRecords < 1 || t.Batch.MaxRecords > MaxBatchRecords:
+		return fieldErr("batch.maxRecords", "%d not in [1, %d]", t.Batch.MaxRecords, MaxBatchRecords)
+	case t.Batch.MaxWait < 0 || t.Batch.MaxWait.D() > MaxBatchWait:
+		return fieldErr("batch.maxWait", "%v not in [0, %v]", t.Batch.MaxWait, MaxBatchWait)
+	case t.Run.Duration.D() < time.Second:
+		return fieldErr("run.duration", "%v: must be at least 1s", t.Run.Duration)
+	case t.Run.HeartbeatTimeout.D() < time.Second:
+		return fieldErr("run.heartbeatTimeout", "%v: must be at least 1s", t.Run.HeartbeatTimeout)
+	case t.Run.HeartbeatTimeout.D() < 2*t.Batch.MaxWait.D():
+		return fieldErr("run.heartbeatTimeout", "%v: must be at least twice batch.maxWait (%v): a heartbeat follows every batch", t.Run.HeartbeatTimeout, t.Batch.MaxWait)
+	}
+	return nil
+}
+
+// Validate checks an exclude-list entry; field prefixes error fields.
+func (e Exclusion) Validate(field string) error {
+	switch {
+	case e.Alias == "":
+		return fieldErr(field+".alias", "must not be empty")
+	case !aliasRe.MatchString(e.Alias):
+		return fieldErr(field+".alias", "%q: want <cell>-<uid>", e.Alias)
+	case e.TTL < 0:
+		return fieldErr(field+".ttl", "must not be negative")
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+// Package connect is how tabletflow's binaries reach Temporal: the SDK's
+// standard environment variables and config file (TEMPORAL_ADDRESS,
+// TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_*, the envconfig
+// profile), with command-line flags that override them.
+package connect
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"go.temporal.io/api/operatorservice/v1"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/contrib/envconfig"
+	"go.temporal.io/sdk/log"
+)
+
+// Flags are the connection flags; empty ones leave the environment's value.
+type Flags struct {
+	Address   string
+	Namespace string
+	APIKey    string
+	TLSCA     string
+	TLSCert   string
+	TLSKey    string
+}
+
+// Register adds the flags to fs.
+func (f *Flags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.Address, "address", "", "Temporal frontend host:port (default: $TEMPORAL_ADDRESS, the envconfig profile, then localhost:7233)")
+	fs.StringVar(&f.Namespace, "namespace", "", "Temporal namespace (default: $TEMPORAL_NAMESPACE, the profile, then default)")
+	fs.StringVar(&f.APIKey, "api-key", "", "API key, e.g. for Temporal Cloud (default: $TEMPORAL_API_KEY)")
+	fs.StringVar(&f.TLSCA, "tls-ca", "", "CA certificate file to verify the server")
+	fs.StringVar(&f.TLSCert, "tls-cert", "", "client certificate file (mTLS)")
+	fs.StringVar(&f.TLSKey, "tls-key", "", "client key file (mTLS)")
+}
+
+// Options loads the client options: envconfig first, then the flags.
+func (f *Flags) Options(logger log.Logger) (client.Options, error) {
+	opts, err := envconfig.LoadDefaultClientOptions()
+	if err != nil {
+		return client.Options{}, fmt.Errorf("temporal client config: %w", err)
+	}
+	if f.Address != "" {
+		opts.HostPort = f.Address
+	}
+	if f.Namespace != "" {
+		opts.Namespace = f.Namespace
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = "default"
+	}
+	if f.APIKey != "" {
+		opts.Credentials = client.NewAPIKeyStaticCredentials(f.APIKey)
+	}
+	if f.TLSCA != "" || f.TLSCert != "" || f.TLSKey != "" {
+		cfg, err := f.tlsConfig()
+		if err != nil {
+			return client.Options{}, err
+		}
+		opts.ConnectionOptions.TLS = cfg
+	}
+	opts.Logger = logger
+	return opts, nil
+}
+
+func (f *Flags) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.TLSCA != "" {
+		pem, err := os.ReadFile(f.TLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls-ca: no certificate in %s", f.TLSCA)
+		}
+		cfg.RootCAs = pool
+	}
+	if (f.TLSCert == "") != (f.TLSKey == "") {
+		return nil, errors.New("tls-cert and tls-key go together")
+	}
+	if f.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(f.TLSCert, f.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("tls-cert/tls-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// CheckSearchAttributes returns an error naming the missing search
+// attributes and the commands that create them.
+func CheckSearchAttributes(ctx context.Context, c client.Client, namespace string, names []string) error {
+	resp, err := c.OperatorService().ListSearchAttributes(ctx, &operatorservice.ListSearchAttributesRequest{Namespace: namespace})
+	if err != nil {
+		return fmt.Errorf("list search attributes: %w", err)
+	}
+	var missing, cmds []string
+	for _, n := range names {
+		if _, ok := resp.GetCustomAttributes()[n]; !ok {
+			missing = append(missing, n)
+			cmds = append(cmds, fmt.Sprintf("  temporal operator search-attribute create --namespace %s --name %s --type Keyword", namespace, n))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("search attributes missing in namespace %s: %s; create them with:\n%s\n(the dev server: temporal server start-dev --search-attribute %s=Keyword ...)",
+			namespace, strings.Join(missing, ", "), strings.Join(cmds, "\n"), missing[0])
+	}
+	return nil
+}

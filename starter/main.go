@@ -1,0 +1,266 @@
+// Command starter starts and watches tabletflow streams. Everything it does
+// can also be done with the Temporal CLI alone (see the README).
+//
+//	starter start -f orders.json [--id orders]
+//	starter status orders [--watch]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"go.temporal.io/sdk/client"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+const usage = `usage:
+  starter start -f STREAM.json [--id ID]   validate the config locally, start the stream
+  starter status ID [--watch]              per-tablet status (--watch: live, with records/s)
+connection flags (every command): --address --namespace --api-key --tls-ca --tls-cert --tls-key,
+defaulting to the Temporal SDK's environment variables and config profile.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "start":
+		err = start(args[1:], stdout, stderr)
+	case "status":
+		err = status(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		err = usageError{fmt.Errorf("unknown command %q", args[0])}
+	}
+	var u usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &u):
+		fmt.Fprintf(stderr, "starter: %v\n%s", err, usage)
+		return 2
+	}
+	fmt.Fprintf(stderr, "starter: %v\n", err)
+	return 1
+}
+
+type usageError struct{ error }
+
+// newFlags returns a flag set with the connection flags.
+func newFlags(name string, stderr io.Writer, conn *connect.Flags) *flag.FlagSet {
+	fs := flag.NewFlagSet("starter "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	conn.Register(fs)
+	return fs
+}
+
+func dial(conn *connect.Flags) (client.Client, client.Options, error) {
+	opts, err := conn.Options(quiet{})
+	if err != nil {
+		return nil, opts, err
+	}
+	c, err := client.Dial(opts)
+	if err != nil {
+		return nil, opts, fmt.Errorf("connect to Temporal at %s: %w", opts.HostPort, err)
+	}
+	return c, opts, nil
+}
+
+func start(args []string, stdout, stderr io.Writer) error {
+	var conn connect.Flags
+	fs := newFlags("start", stderr, &conn)
+	file := fs.String("f", "", "stream config JSON file (required)")
+	id := fs.String("id", "", "stream ID, the workflow ID (default: the file's base name)")
+	ui := fs.String("ui", "http://localhost:8233", "Temporal Web UI base URL, for the printed link")
+	if err := parseArgs(fs, args, 0); err != nil {
+		return err
+	}
+	if *file == "" {
+		return usageError{errors.New("start: -f is required")}
+	}
+	data, err := os.ReadFile(*file)
+	if err != nil {
+		return err
+	}
+	if _, err := config.Decode(data); err != nil {
+		return fmt.Errorf("%s: %w", *file, err)
+	}
+	if *id == "" {
+		*id = strings.TrimSuffix(filepath.Base(*file), filepath.Ext(*file))
+	}
+	c, opts, err := dial(&conn)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	run, err := c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{
+		ID:                    *id,
+		TaskQueue:             workflows.TaskQueue,
+		StaticSummary:         "CDC stream " + *id,
+		TypedSearchAttributes: temporalSA(*id),
+	}, "StreamWorkflow", json.RawMessage(data))
+	if err != nil {
+		return fmt.Errorf("start stream %s: %w", *id, err)
+	}
+	fmt.Fprintf(stdout, "stream %s started (run %s)\n", run.GetID(), run.GetRunID())
+	fmt.Fprintf(stdout, "Web UI: %s/namespaces/%s/workflows/%s\n", strings.TrimRight(*ui, "/"), opts.Namespace, run.GetID())
+	fmt.Fprintf(stdout, "status: starter status %s --watch\n", run.GetID())
+	return nil
+}
+
+func status(args []string, stdout, stderr io.Writer) error {
+	var conn connect.Flags
+	fs := newFlags("status", stderr, &conn)
+	watch := fs.Bool("watch", false, "refresh until interrupted, with records/s")
+	interval := fs.Duration("interval", 2*time.Second, "refresh interval for --watch")
+	asJSON := fs.Bool("json", false, "print the status query's JSON")
+	id, err := parseID(fs, args)
+	if err != nil {
+		return err
+	}
+	c, _, err := dial(&conn)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	var prev map[string]int64
+	var prevAt time.Time
+	for {
+		st, err := queryStatus(ctx, c, id)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(st)
+		}
+		if *watch {
+			fmt.Fprint(stdout, "\033[H\033[2J")
+		}
+		printStatus(stdout, st, prev, time.Since(prevAt))
+		if !*watch {
+			return nil
+		}
+		prev, prevAt = records(st), time.Now()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(*interval):
+		}
+	}
+}
+
+func queryStatus(ctx context.Context, c client.Client, id string) (workflows.StreamStatus, error) {
+	var st workflows.StreamStatus
+	v, err := c.QueryWorkflow(ctx, id, "", workflows.QueryStatus)
+	if err != nil {
+		return st, fmt.Errorf("query status of %s: %w", id, err)
+	}
+	return st, v.Get(&st)
+}
+
+func records(st workflows.StreamStatus) map[string]int64 {
+	out := map[string]int64{}
+	for _, t := range st.Tablets {
+		out[t.ID] = t.Records
+	}
+	return out
+}
+
+func printStatus(w io.Writer, st workflows.StreamStatus, prev map[string]int64, since time.Duration) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "stream %s\n", st.Stream)
+	fmt.Fprintln(tw, "TABLET\tSTATE\tREPLICA\tCHECKPOINT\tRECORDS\tREC/S\tLAG\tATTEMPT\tEXCLUDED\tWHY / LAST ERROR")
+	for _, t := range st.Tablets {
+		rate := "-"
+		if p, ok := prev[t.ID]; ok && since > 0 {
+			rate = fmt.Sprintf("%.0f", float64(t.Records-p)/since.Seconds())
+		}
+		why := t.Reason
+		if t.LastError != "" {
+			why = strings.TrimSpace(why + " " + t.LastError)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%.1fs\t%d\t%d\t%s\n", t.ID, t.State, dash(t.Replica), dash(t.Checkpoint),
+			t.Records, rate, t.LagSeconds, t.Attempt, len(t.Excluded), truncate(why, 80))
+	}
+	_ = tw.Flush()
+	for _, e := range st.Exclude {
+		fmt.Fprintf(w, "excluded %s %s: %s (until %s)\n", e.Alias, e.Tablet, e.Reason, until(e.Expires))
+	}
+	for _, r := range st.Rejected {
+		fmt.Fprintf(w, "rejected %s at %s: %s\n", r.Signal, r.At.Format(time.RFC3339), r.Reason)
+	}
+}
+
+func until(t time.Time) string {
+	if t.IsZero() {
+		return "lifted"
+	}
+	return t.Format(time.RFC3339)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+
+func parseArgs(fs *flag.FlagSet, args []string, positional int) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() != positional {
+		return usageError{fmt.Errorf("%s: want %d argument(s), got %v", fs.Name(), positional, fs.Args())}
+	}
+	return nil
+}
+
+// parseID accepts the stream ID before or after the flags.
+func parseID(fs *flag.FlagSet, args []string) (string, error) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		if err := parseArgs(fs, args[1:], 0); err != nil {
+			return "", err
+		}
+		return args[0], nil
+	}
+	if err := parseArgs(fs, args, 1); err != nil {
+		return "", err
+	}
+	return fs.Arg(0), nil
+}

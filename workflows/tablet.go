@@ -1,0 +1,362 @@
+package workflows
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/picker"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// Backoff between attempts that are not the activity's own retries
+// (re-selection when no replica is eligible, a replica that keeps failing).
+const (
+	minBackoff = time.Second
+	maxBackoff = 30 * time.Second
+)
+
+// errStreamGone: the stream workflow is closed; the tablet stops itself.
+var errStreamGone = errors.New("stream workflow is closed")
+
+// TabletWorkflow streams one tablet: select a replica → GetChanges (a
+// bounded run with its own retry policy) → keep the checkpoint, and react
+// to what GetChanges reports. It reports its status to the stream on every
+// state change and its counters at a bounded rate, and continues-as-new
+// when Temporal suggests it.
+func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error {
+	t := &tablet{in: in, st: st, log: workflow.GetLogger(ctx)}
+	if t.st == nil {
+		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start.String()}}
+	}
+	t.log = log.With(t.log, "stream", in.Stream, "tablet", in.Tablet)
+	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (TabletStatus, error) { return t.st.Status, nil }); err != nil {
+		return err
+	}
+	err := t.run(ctx)
+	if errors.Is(err, errStreamGone) {
+		t.log.Info("stream is closed; tablet workflow stops")
+		return nil
+	}
+	return err
+}
+
+type tablet struct {
+	in       TabletInput
+	st       *TabletState
+	log      log.Logger
+	progress workflow.ReceiveChannel
+	backoff  time.Duration
+}
+
+func (t *tablet) run(ctx workflow.Context) error {
+	t.progress = workflow.GetSignalChannel(ctx, activities.SignalProgress)
+	if err := t.report(ctx, true); err != nil {
+		return err
+	}
+	for {
+		if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
+			t.drainProgress()
+			return workflow.NewContinueAsNewError(ctx, TabletWorkflow, t.in, t.st)
+		}
+		sel, err := t.selectReplica(ctx)
+		if err != nil {
+			if errors.Is(err, errStreamGone) {
+				return err
+			}
+			if err := t.wait(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		done, err := t.getChanges(ctx, sel)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// selectReplica runs the tablet picker; with no eligible replica it moves
+// to NoEligibleReplica and returns an error so the loop backs off.
+func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, error) {
+	var a *activities.Activities
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: 30 * time.Second,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second, MaximumAttempts: 5,
+			NonRetryableErrorTypes: activities.NonRetryable,
+		},
+		Summary: "select a replica of " + t.in.Tablet,
+	})
+	var sel activities.Selection
+	err := workflow.ExecuteActivity(actx, a.SelectReplica, activities.SelectReplicaInput{
+		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: t.in.Config.Source,
+		Selection: t.in.Config.Selection, Exclude: t.liveExclusions(ctx),
+	}).Get(ctx, &sel)
+	if err == nil {
+		return sel, nil
+	}
+	state := Retrying
+	if isType(err, activities.ErrNoEligibleReplica) {
+		state = NoEligibleReplica
+	}
+	if rerr := t.setState(ctx, state, t.st.Status.Replica, rootMessage(err)); rerr != nil {
+		return sel, rerr
+	}
+	return sel, err
+}
+
+// getChanges runs one GetChanges activity on the selected replica and
+// reacts to how it ended. done means the tablet workflow is finished.
+func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (done bool, err error) {
+	cfg := t.in.Config
+	t.st.Status.Attempt = 1
+	t.st.Status.LastError = ""
+	if err := t.setState(ctx, Streaming, sel.Replica.Alias, ""); err != nil {
+		return false, err
+	}
+	var a *activities.Activities
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		// Generous: a run ends by itself after run.duration.
+		StartToCloseTimeout: cfg.Run.Duration.D() + cfg.Batch.MaxWait.D() + 2*time.Minute,
+		HeartbeatTimeout:    cfg.Run.HeartbeatTimeout.D(),
+		WaitForCancellation: true,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:        cfg.Retry.InitialInterval.D(),
+			BackoffCoefficient:     cfg.Retry.BackoffCoefficient,
+			MaximumInterval:        cfg.Retry.MaximumInterval.D(),
+			MaximumAttempts:        cfg.Retry.MaximumAttempts,
+			NonRetryableErrorTypes: activities.NonRetryable,
+		},
+		Summary: fmt.Sprintf("read %s from %s after %s", t.in.Tablet, sel.Replica.Alias, t.st.Checkpoint),
+	})
+	fut := workflow.ExecuteActivity(actx, a.GetChanges, activities.GetChangesInput{
+		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
+		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Batch: cfg.Batch, RunFor: cfg.Run.Duration,
+	})
+	// While it runs, the activity tells us when it retries and recovers.
+	for !fut.IsReady() {
+		s := workflow.NewSelector(ctx)
+		s.AddFuture(fut, func(workflow.Future) {})
+		s.AddReceive(t.progress, func(c workflow.ReceiveChannel, _ bool) {
+			var p activities.Progress
+			c.Receive(ctx, &p)
+			t.st.Status.Attempt = p.Attempt
+			state := Streaming
+			if p.State == string(Retrying) {
+				state = Retrying
+				t.st.Status.LastError = p.LastError
+			}
+			err = t.setState(ctx, state, p.Replica, "")
+		})
+		s.Select(ctx)
+		if err != nil {
+			return false, err
+		}
+	}
+	var res activities.GetChangesResult
+	runErr := fut.Get(ctx, &res)
+	if runErr == nil {
+		t.backoff = 0
+		t.advance(res.Checkpoint)
+		t.st.Status.Records += res.Records
+		t.st.Status.Batches += res.Batches
+		t.st.Status.LagSeconds = res.LagSeconds
+		return false, t.report(ctx, false)
+	}
+	return t.onError(ctx, sel, runErr)
+}
+
+// onError decides what a failed run means for the tablet.
+func (t *tablet) onError(ctx workflow.Context, sel activities.Selection, runErr error) (bool, error) {
+	var d activities.ErrorDetails
+	details(runErr, &d)
+	t.advance(d.Checkpoint)
+	t.st.Status.LastError = rootMessage(runErr)
+	alias := sel.Replica.Alias
+	now := workflow.Now(ctx)
+	switch {
+	case isType(runErr, activities.ErrFenced):
+		// Another writer committed to this tablet's sink: this run ends and
+		// the next one reopens the sink at its stored checkpoint.
+		t.log.Warn("sink fenced this run; starting a new one", "error", runErr)
+		return false, t.wait(ctx)
+	case isType(runErr, activities.ErrReplicaUnhealthy):
+		// The picker's health filter skips it: re-select at once.
+		return false, nil
+	case isType(runErr, activities.ErrRetryElsewhere):
+		t.exclude(ctx, sel, d.Reason, now)
+		return false, nil
+	case isType(runErr, activities.ErrTabletSplit) && d.Split != nil:
+		t.advance(d.Split.Handoff)
+		t.st.Status.Children = d.Split.Children
+		t.st.Status.Handoff = d.Split.Handoff.String()
+		return true, t.setState(ctx, Split, alias, fmt.Sprintf("split into %v at %s", d.Split.Children, d.Split.Handoff))
+	case isType(runErr, activities.ErrStreamExpired):
+		return true, t.setState(ctx, Expired, alias, "the source no longer holds the history this tablet needs: "+t.st.Status.LastError)
+	case isType(runErr, activities.ErrFatal):
+		return true, t.setState(ctx, Failed, alias, t.st.Status.LastError)
+	case retriesExhausted(runErr):
+		// A replica the topology calls healthy failed maximumAttempts
+		// times: exclude it for a while and pick another.
+		t.exclude(ctx, sel, "RETRIES_EXHAUSTED", now)
+		return false, t.wait(ctx)
+	}
+	t.log.Warn("tablet run failed", "error", runErr)
+	return false, t.wait(ctx)
+}
+
+// exclude adds the replica to the tablet's own exclude list for
+// autoExcludeTTL, unless it is the last eligible replica: that one is kept
+// and retried with capped backoff.
+func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason string, now time.Time) {
+	if sel.Candidates <= 1 {
+		t.log.Warn("not excluding the last eligible replica", "replica", sel.Replica.Alias, "reason", reason)
+		return
+	}
+	t.st.Exclude = append(t.st.Exclude, config.Exclusion{
+		Alias: sel.Replica.Alias, Tablet: t.in.Tablet, Reason: reason,
+		Expires: now.Add(t.in.Config.AutoExcludeTTL.D()),
+	})
+	t.st.Status.Excluded = t.liveExclusions(ctx)
+}
+
+// liveExclusions drops expired automatic entries and returns the rest.
+func (t *tablet) liveExclusions(ctx workflow.Context) []config.Exclusion {
+	now := workflow.Now(ctx)
+	live := t.st.Exclude[:0]
+	for _, e := range t.st.Exclude {
+		if _, ok := picker.Excluded([]config.Exclusion{e}, e.Alias, t.in.Tablet, now); ok {
+			live = append(live, e)
+		}
+	}
+	t.st.Exclude = live
+	return append([]config.Exclusion(nil), live...)
+}
+
+// wait backs off between runs, doubling up to maxBackoff.
+func (t *tablet) wait(ctx workflow.Context) error {
+	t.backoff = min(max(2*t.backoff, minBackoff), maxBackoff)
+	return workflow.Sleep(ctx, t.backoff)
+}
+
+func (t *tablet) advance(cp source.Checkpoint) {
+	if cp.Compare(t.st.Checkpoint) > 0 {
+		t.st.Checkpoint = cp
+		t.st.Status.Checkpoint = cp.String()
+	}
+}
+
+// setState records a state change, keeps the search attributes and the
+// workflow's details current, and reports to the stream at once.
+func (t *tablet) setState(ctx workflow.Context, state State, replica, reason string) error {
+	s := &t.st.Status
+	changed := s.State != state || s.Replica != replica || s.Reason != reason
+	s.State, s.Replica, s.Reason = state, replica, reason
+	if !changed {
+		return t.report(ctx, false)
+	}
+	if err := workflow.UpsertTypedSearchAttributes(ctx, SAState.ValueSet(string(state)), SAReplica.ValueSet(replica)); err != nil {
+		t.log.Warn("search attributes not updated", "error", err)
+	}
+	return t.report(ctx, true)
+}
+
+// report signals the tablet's status to its stream: at once when forced
+// (a state change), otherwise at most every max(60s, tablets × 0.5s). A
+// closed stream ends the tablet (errStreamGone).
+func (t *tablet) report(ctx workflow.Context, force bool) error {
+	now := workflow.Now(ctx)
+	t.st.Status.Updated = now
+	workflow.SetCurrentDetails(ctx, t.details())
+	interval := max(60*time.Second, time.Duration(t.in.Tablets)*500*time.Millisecond)
+	if !force && now.Sub(t.st.LastReport) < interval {
+		return nil
+	}
+	t.st.LastReport = now
+	err := workflow.SignalExternalWorkflow(ctx, t.in.Stream, "", SignalTabletReport, t.st.Status).Get(ctx, nil)
+	if err != nil {
+		t.log.Warn("report to stream failed", "error", err)
+		return errStreamGone
+	}
+	return nil
+}
+
+// details says in words what the tablet is doing, for the Web UI.
+func (t *tablet) details() string {
+	s := t.st.Status
+	out := fmt.Sprintf("**%s** tablet `%s`", s.State, s.ID)
+	if s.Replica != "" {
+		out += fmt.Sprintf(" on replica `%s`", s.Replica)
+	}
+	out += fmt.Sprintf("\n\ncheckpoint `%s`, %d records in %d batches", orDash(s.Checkpoint), s.Records, s.Batches)
+	if s.Reason != "" {
+		out += "\n\nwhy: " + s.Reason
+	}
+	if s.LastError != "" {
+		out += fmt.Sprintf("\n\nattempt %d, last error: %s", s.Attempt, s.LastError)
+	}
+	return out
+}
+
+func (t *tablet) drainProgress() {
+	for {
+		var p activities.Progress
+		if !t.progress.ReceiveAsync(&p) {
+			return
+		}
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// isType reports whether err carries an ApplicationError of type typ.
+func isType(err error, typ string) bool {
+	var app *temporal.ApplicationError
+	return errors.As(err, &app) && app.Type() == typ
+}
+
+// details extracts an ApplicationError's details, if any.
+func details(err error, v any) {
+	var app *temporal.ApplicationError
+	if errors.As(err, &app) && app.HasDetails() {
+		_ = app.Details(v)
+	}
+}
+
+// retriesExhausted reports whether an activity failed because its retry
+// policy ran out of attempts (or time) on plain retryable errors.
+func retriesExhausted(err error) bool {
+	var act *temporal.ActivityError
+	if !errors.As(err, &act) {
+		return false
+	}
+	switch act.RetryState() {
+	case enumspb.RETRY_STATE_MAXIMUM_ATTEMPTS_REACHED, enumspb.RETRY_STATE_TIMEOUT:
+		return true
+	}
+	return false
+}
+
+// rootMessage is the innermost error's message: what actually went wrong.
+func rootMessage(err error) string {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err.Error()
+		}
+		err = next
+	}
+}

@@ -1,0 +1,125 @@
+// Package workflows holds tabletflow's Temporal workflows: StreamWorkflow,
+// one per stream, and TabletWorkflow, one child per tablet. Workflow code
+// is deterministic: only workflow APIs for time, sleep, randomness and
+// concurrency.
+package workflows
+
+import (
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// Names shared with the worker, the starter and the Temporal CLI.
+const (
+	TaskQueue = "tabletflow"
+	// SignalTabletReport: a TabletWorkflow reports its status to its stream.
+	SignalTabletReport = "tablet-report"
+	// QueryStatus returns a StreamStatus (or, on a TabletWorkflow, its
+	// TabletStatus).
+	QueryStatus = "status"
+)
+
+// State is a tablet's state. A tablet never dies silently: its status says
+// which state it is in and why.
+type State string
+
+// Tablet states.
+const (
+	Starting          State = "Starting"
+	Streaming         State = "Streaming"
+	Retrying          State = "Retrying"
+	NoEligibleReplica State = "NoEligibleReplica"
+	Paused            State = "Paused"
+	Split             State = "Split"
+	Expired           State = "Expired"
+	Failed            State = "Failed"
+)
+
+// Search attributes (Keyword), kept current so the Web UI can list, say,
+// every tablet of a stream that is not streaming.
+var (
+	SAStream  = temporal.NewSearchAttributeKeyKeyword("TabletflowStream")
+	SATablet  = temporal.NewSearchAttributeKeyKeyword("TabletflowTablet")
+	SAState   = temporal.NewSearchAttributeKeyKeyword("TabletflowState")
+	SAReplica = temporal.NewSearchAttributeKeyKeyword("TabletflowReplica")
+)
+
+// SearchAttributes are the names the worker checks for at start.
+var SearchAttributes = []string{"TabletflowStream", "TabletflowTablet", "TabletflowState", "TabletflowReplica"}
+
+// TabletStatus is one tablet as its workflow reports it: a row of the
+// stream's status.
+type TabletStatus struct {
+	ID         string `json:"id"`
+	State      State  `json:"state"`
+	Reason     string `json:"reason,omitempty"`
+	Replica    string `json:"replica"`
+	Checkpoint string `json:"checkpoint"`
+	Records    int64  `json:"records"`
+	Batches    int64  `json:"batches"`
+	// Attempt is the current GetChanges attempt on the replica.
+	Attempt    int32   `json:"attempt"`
+	LastError  string  `json:"lastError"`
+	LagSeconds float64 `json:"lagSeconds"`
+	// RetentionLeft counts down while the tablet does not advance (Paused).
+	RetentionLeft string             `json:"retentionLeft"`
+	Excluded      []config.Exclusion `json:"excluded"`
+	// For a Split tablet: its children and their starting checkpoint.
+	Children []string  `json:"children,omitempty"`
+	Handoff  string    `json:"handoff,omitempty"`
+	Updated  time.Time `json:"updated"`
+}
+
+// StreamStatus is the `status` query's result.
+type StreamStatus struct {
+	Stream   string             `json:"stream"`
+	Tablets  []TabletStatus     `json:"tablets"`
+	Exclude  []config.Exclusion `json:"exclude"`
+	Rejected []Rejected         `json:"rejected"`
+}
+
+// Rejected is a signal payload the stream refused, shown in its status.
+type Rejected struct {
+	Signal string    `json:"signal"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+}
+
+// StreamState is everything a StreamWorkflow carries across
+// continue-as-new; nil on a first start.
+type StreamState struct {
+	// SourceStream: the source-side stream has been ensured.
+	SourceStream bool                     `json:"sourceStream"`
+	Tablets      map[string]*TabletStatus `json:"tablets"`
+	Exclude      []config.Exclusion       `json:"exclude"`
+	Rejected     []Rejected               `json:"rejected"`
+}
+
+// TabletInput starts a TabletWorkflow.
+type TabletInput struct {
+	Stream string        `json:"stream"`
+	Tablet string        `json:"tablet"`
+	Config config.Stream `json:"config"`
+	// Start is where the tablet starts: a split's hand-off checkpoint, or
+	// zero for the stream's start position.
+	Start source.Checkpoint `json:"start"`
+	// Tablets is how many tablets the stream has, to pace counter reports.
+	Tablets int `json:"tablets"`
+}
+
+// TabletState is everything a TabletWorkflow carries across
+// continue-as-new; nil on a first start.
+type TabletState struct {
+	Status     TabletStatus      `json:"status"`
+	Checkpoint source.Checkpoint `json:"checkpoint"`
+	// Exclude is the tablet's own automatic exclude list.
+	Exclude    []config.Exclusion `json:"exclude"`
+	LastReport time.Time          `json:"lastReport"`
+}
+
+// TabletWorkflowID is a tablet's workflow ID.
+func TabletWorkflowID(stream, tablet string) string { return stream + "/tablet/" + tablet }
