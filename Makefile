@@ -22,9 +22,9 @@ all: build
 build: ## the binaries into ./bin
 	go build -o $(BIN)/ $(addprefix ./,$(BINARIES))
 
-test: build ## vet and every test (unit, loopback gRPC)
+test: build $(BIN)/temporal ## vet and every test: unit, loopback gRPC, e2e on a Temporal dev server
 	go vet ./...
-	go test -count=1 ./...
+	go test -count=1 -timeout 20m ./...
 
 bench: build ## benchmarks; results into bench/results
 	mkdir -p bench/results

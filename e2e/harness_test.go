@@ -1,0 +1,339 @@
+// Package e2e runs tabletflow end to end: a real Temporal dev server (the
+// Temporal CLI), real tabletd and worker processes, real gRPC over
+// loopback. One dev server is shared by the package's tests; each test
+// uses its own task queue, tabletd and sink directory.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/client"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/sink/jsonl"
+	"github.com/tabletflow/tabletflow/tabletd/digest"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+var (
+	binDir       string // the project's binaries, built for this run
+	temporalAddr string // the shared dev server's frontend
+	temporalUI   string // and its Web UI
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	temporal := os.Getenv("TEMPORAL_CLI")
+	if temporal == "" {
+		temporal = filepath.Join(root, "bin", "temporal")
+	}
+	if _, err := os.Stat(temporal); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: no Temporal CLI at %s: run `make test` (it installs bin/temporal) or set TEMPORAL_CLI\n", temporal)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "tabletflow-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binDir = filepath.Join(dir, "bin")
+	build := exec.Command("go", "build", "-o", binDir+"/", "./tabletd", "./worker", "./starter")
+	build.Dir = root
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: build:", err)
+		return 1
+	}
+	server, err := startDevServer(temporal, dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer server.stop()
+	return m.Run()
+}
+
+// startDevServer runs `temporal server start-dev` on free ports with the
+// search attributes registered, and waits until it answers.
+func startDevServer(temporal, dir string) (*proc, error) {
+	port, ui := freePort(), freePort()
+	temporalAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	temporalUI = fmt.Sprintf("http://127.0.0.1:%d", ui)
+	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", fmt.Sprint(port), "--ui-port", fmt.Sprint(ui),
+		"--http-port", fmt.Sprint(freePort()), "--metrics-port", fmt.Sprint(freePort()),
+		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "warn",
+		// Continue-as-new is suggested early, so the tests cross it.
+		"--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=400"}
+	for _, sa := range workflows.SearchAttributes {
+		args = append(args, "--search-attribute", sa+"=Keyword")
+	}
+	p, err := start(filepath.Join(dir, "temporal.log"), temporal, args...)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		c, err := client.Dial(client.Options{HostPort: temporalAddr, Logger: quiet{}})
+		if err == nil {
+			_, err = c.CheckHealth(context.Background(), &client.CheckHealthRequest{})
+			c.Close()
+			if err == nil {
+				return p, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, fmt.Errorf("dev server did not come up in 90s: %v\n%s", err, p.tail())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// proc is a child process with its output in a log file.
+type proc struct {
+	cmd  *exec.Cmd
+	log  string
+	once sync.Once
+	done chan struct{}
+}
+
+func start(logPath, bin string, args ...string) (*proc, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
+	return p, nil
+}
+
+// stop sends SIGTERM and waits, then SIGKILL.
+func (p *proc) stop() {
+	p.once.Do(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(45 * time.Second):
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	})
+}
+
+// kill sends SIGKILL: a crash, no chance to commit.
+func (p *proc) kill() {
+	p.once.Do(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	})
+}
+
+// tail returns the end of the process's log.
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err) // no loopback port: nothing in this package can run
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// env is one test's world: a tabletd, workers on the test's own task
+// queue, a sink directory, and clients.
+type env struct {
+	t         *testing.T
+	dir       string
+	taskQueue string
+	tabletd   *proc
+	tdAddr    string
+	admin     sourcepb.AdminClient
+	temporal  client.Client
+	workers   []*proc
+	logs      []*proc
+}
+
+func newEnv(t *testing.T, tabletdArgs ...string) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir(), taskQueue: "tq-" + strings.ReplaceAll(t.Name(), "/", "-")}
+	e.tdAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
+	args := append([]string{"serve", "--listen", e.tdAddr, "--log-level", "warn"}, tabletdArgs...)
+	p, err := start(filepath.Join(e.dir, "tabletd.log"), filepath.Join(binDir, "tabletd"), args...)
+	require.NoError(t, err)
+	e.tabletd = p
+	e.logs = append(e.logs, p)
+	t.Cleanup(p.stop)
+	conn, err := grpc.NewClient(e.tdAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	e.admin = sourcepb.NewAdminClient(conn)
+	e.eventually("tabletd answers", 30*time.Second, func() (bool, string) {
+		_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
+		return err == nil, fmt.Sprint(err)
+	})
+	c, err := client.Dial(client.Options{HostPort: temporalAddr, Logger: quiet{}})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	e.temporal = c
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range e.logs {
+				t.Logf("--- %s ---\n%s", filepath.Base(p.log), p.tail())
+			}
+		}
+	})
+	return e
+}
+
+// startWorker starts a worker process on the test's task queue.
+func (e *env) startWorker() *proc {
+	e.t.Helper()
+	n := len(e.workers)
+	p, err := start(filepath.Join(e.dir, fmt.Sprintf("worker-%d.log", n)), filepath.Join(binDir, "worker"),
+		"--address", temporalAddr, "--task-queue", e.taskQueue, "--log-level", "info", "--stop-timeout", "20s")
+	require.NoError(e.t, err)
+	e.workers = append(e.workers, p)
+	e.logs = append(e.logs, p)
+	e.t.Cleanup(p.stop)
+	return p
+}
+
+// config returns a stream config (as JSON) reading this env's tabletd
+// into sink dir out, with extra top-level fields merged in.
+func (e *env) config(out string, extra map[string]any) json.RawMessage {
+	cfg := map[string]any{
+		"source": map[string]any{"kind": "tabletd", "address": e.tdAddr, "keyspace": "commerce"},
+		"sink":   map[string]any{"kind": "jsonl", "path": out},
+		"run":    map[string]any{"duration": "5s", "heartbeatTimeout": "5s"},
+		"retry":  map[string]any{"initialInterval": "200ms", "maximumInterval": "2s", "maximumAttempts": 5},
+	}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	b, err := json.Marshal(cfg)
+	require.NoError(e.t, err)
+	return b
+}
+
+// startStream starts a StreamWorkflow with the given config.
+func (e *env) startStream(id string, cfg json.RawMessage) client.WorkflowRun {
+	e.t.Helper()
+	run, err := e.temporal.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{
+		ID: id, TaskQueue: e.taskQueue,
+	}, "StreamWorkflow", cfg)
+	require.NoError(e.t, err)
+	return run
+}
+
+// status queries a stream's status.
+func (e *env) status(id string) (workflows.StreamStatus, error) {
+	var st workflows.StreamStatus
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := e.temporal.QueryWorkflow(ctx, id, "", workflows.QueryStatus)
+	if err != nil {
+		return st, err
+	}
+	return st, v.Get(&st)
+}
+
+// workload sends a workload command to tabletd.
+func (e *env) workload(action sourcepb.WorkloadRequest_Action) {
+	e.t.Helper()
+	_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: action})
+	require.NoError(e.t, err)
+}
+
+// sinkRecords counts the records the JSONL sink holds (committed).
+func sinkRecords(dir string) uint64 {
+	r, err := jsonl.DigestDir(dir)
+	if err != nil {
+		return 0
+	}
+	return r.Total.Records
+}
+
+// requireExact waits until the sink holds exactly what the stream is due
+// (tabletd's digest: count and hash) and checks it holds no duplicate.
+func (e *env) requireExact(stream, out string, within time.Duration) {
+	e.t.Helper()
+	e.eventually("the sink holds exactly the stream's records", within, func() (bool, string) {
+		due, err := e.admin.Digest(context.Background(), &sourcepb.DigestRequest{Stream: stream})
+		if err != nil {
+			return false, err.Error()
+		}
+		got, err := jsonl.DigestDir(out)
+		if err != nil {
+			return false, err.Error()
+		}
+		return due.Records == got.Total.Records && due.Hash == got.Total.Hash,
+			fmt.Sprintf("due %d records hash %s, sink %d records hash %s, %d duplicates",
+				due.Records, digest.HashHex(due.Hash), got.Total.Records, digest.HashHex(got.Total.Hash), len(got.Duplicates))
+	})
+	got, err := jsonl.DigestDir(out)
+	require.NoError(e.t, err)
+	require.Empty(e.t, got.Duplicates, "no (tablet, position) twice")
+}
+
+// eventually polls cond until it holds, failing with what it last saw.
+func (e *env) eventually(what string, within time.Duration, cond func() (bool, string)) {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for {
+		ok, seen := cond()
+		if ok {
+			return
+		}
+		last = seen
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: not within %v; last saw: %s", what, within, last)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// quiet drops the SDK client's logs.
+type quiet struct{}
+
+func (quiet) Debug(string, ...any) {}
+func (quiet) Info(string, ...any)  {}
+func (quiet) Warn(string, ...any)  {}
+func (quiet) Error(string, ...any) {}
