@@ -26,9 +26,10 @@ test: build $(BIN)/temporal ## vet and every test: unit, loopback gRPC, e2e on a
 	go vet ./...
 	go test -count=1 -timeout 20m ./...
 
-bench: build ## benchmarks; results into bench/results
+bench: build $(BIN)/temporal ## benchmarks; results into bench/results
 	mkdir -p bench/results
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
+	go run ./bench/throughput --bin $(BIN) --out bench/results/throughput.json
 
 soak: build ## tabletd memory soak: 64 tablets × 3 replicas, 20k records/s, 10 minutes
 	mkdir -p bench/results
@@ -58,30 +59,14 @@ lint: $(BIN)/staticcheck ## gofmt, go vet, staticcheck
 	go vet ./...
 	$(BIN)/staticcheck ./...
 
-demo: build ## a tabletd cluster with a workload (the workflows join it as they land)
-	@mkdir -p $(DATA)
-	@if [ -f $(DATA)/tabletd.pid ] && kill -0 $$(cat $(DATA)/tabletd.pid) 2>/dev/null; then \
-		echo "tabletd already running (pid $$(cat $(DATA)/tabletd.pid))"; \
-	else \
-		nohup $(BIN)/tabletd serve --listen 127.0.0.1:15991 --cells zone1,zone2,zone3 --servers-per-cell 2 \
-			--tablets 8 --replicas 3 --rate 200 --lag 50ms --retention 1h > $(DATA)/tabletd.log 2>&1 & \
-		echo $$! > $(DATA)/tabletd.pid; \
-		for i in $$(seq 50); do $(BIN)/tabletd ctl list >/dev/null 2>&1 && break; sleep 0.1; done; \
-		echo "tabletd started (pid $$(cat $(DATA)/tabletd.pid), log $(DATA)/tabletd.log)"; \
-	fi
-	@echo
-	@echo "  bin/tabletd ctl list                                   # tablets, replicas, health, lag"
-	@echo "  bin/tabletd ctl tail --tablet t-0003                   # watch changes flow"
-	@echo "  bin/tabletd ctl fault --server zone1-0000000101 --down # take a server down"
-	@echo "  bin/tabletd ctl heal --server zone1-0000000101"
-	@echo "  bin/tabletd ctl split --tablet t-0003"
-	@echo "  bin/tabletd ctl digest"
-	@echo "  make stop                                              # stop what demo started"
+demo: build $(BIN)/temporal ## Temporal dev server + Web UI, tabletd, worker and a live stream
+	demo/demo.sh
 
 stop: ## stop what `make demo` started, by recorded process IDs
 	@for f in $(DATA)/*.pid; do \
 		[ -f "$$f" ] || continue; pid=$$(cat "$$f"); \
-		if kill -0 "$$pid" 2>/dev/null; then kill "$$pid" && echo "stopped $$(basename "$$f" .pid) (pid $$pid)"; fi; \
+		if kill -0 "$$pid" 2>/dev/null; then kill "$$pid" && echo "stopped $$(basename "$$f" .pid) (pid $$pid)"; \
+			for i in $$(seq 100); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; fi; \
 		rm -f "$$f"; \
 	done
 

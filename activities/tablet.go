@@ -31,6 +31,8 @@ type Activities struct {
 	Resources *Resources
 	Client    WorkflowClient
 	Logger    *zap.Logger
+	// Watcher stops a GetChanges whose replica the operator excluded.
+	Watcher *Watcher
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -63,7 +65,7 @@ type GetChangesResult struct {
 	CaughtUp   bool              `json:"caughtUp"`
 	LagSeconds float64           `json:"lagSeconds"`
 	// Stopped says why the run ended: "run ended", "cancelled",
-	// "worker stopping".
+	// "worker stopping", "replica excluded: …".
 	Stopped string `json:"stopped"`
 }
 
@@ -139,6 +141,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		return fail(err)
 	}
 
+	defer a.Watcher.Watch(in.Stream)()
 	deadline := a.now().Add(in.RunFor.D())
 	recovered := info.Attempt == 1
 	stop := activity.GetWorkerStopChannel(ctx)
@@ -154,6 +157,11 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		}
 		if !a.now().Before(deadline) {
 			res.Stopped = "run ended"
+			return res, nil
+		}
+		if e, ok := a.Watcher.Excluded(in.Stream, in.Tablet, in.Replica.Alias, a.now()); ok {
+			res.Stopped = "replica excluded: " + e.Reason
+			log.Info("replica excluded by the operator; stopping to re-select", zap.String("reason", e.Reason))
 			return res, nil
 		}
 		began := a.now()

@@ -63,13 +63,24 @@ type Selection struct {
 }
 
 // Retry is the GetChanges activity's retry policy. MaximumAttempts counts
-// attempts on one replica; 0 means no limit.
+// attempts on one replica; 0 means no limit, absent means the default (5),
+// hence the pointer.
 type Retry struct {
 	InitialInterval    Duration `json:"initialInterval,omitempty"`
 	BackoffCoefficient float64  `json:"backoffCoefficient,omitempty"`
 	MaximumInterval    Duration `json:"maximumInterval,omitempty"`
-	MaximumAttempts    int32    `json:"maximumAttempts,omitempty"`
+	MaximumAttempts    *int32   `json:"maximumAttempts,omitempty"`
 }
+
+// Attempts returns MaximumAttempts (0, no limit, when unset).
+func (r Retry) Attempts() int32 {
+	if r.MaximumAttempts == nil {
+		return 0
+	}
+	return *r.MaximumAttempts
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // Batch bounds one read.
 type Batch struct {
@@ -101,7 +112,7 @@ var (
 	DefaultCellPreference  = "preferLocal"
 	DefaultTabletTypes     = []string{"REPLICA", "RDONLY", "PRIMARY"}
 	DefaultMaxLag          = 30 * time.Second
-	DefaultRetry           = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: 5}
+	DefaultRetry           = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5)}
 	DefaultAutoExcludeTTL  = 5 * time.Minute
 	DefaultBatch           = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond)}
 	DefaultRun             = Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
@@ -206,7 +217,10 @@ func (s *Stream) Defaults() {
 		s.Retry.BackoffCoefficient = DefaultRetry.BackoffCoefficient
 	}
 	if s.Retry.MaximumInterval == 0 {
-		s.Retry.MaximumInterval = DefaultRetry.MaximumInterval
+		s.Retry.MaximumInterval = max(DefaultRetry.MaximumInterval, s.Retry.InitialInterval)
+	}
+	if s.Retry.MaximumAttempts == nil {
+		s.Retry.MaximumAttempts = ptr(*DefaultRetry.MaximumAttempts)
 	}
 	if s.AutoExcludeTTL == 0 {
 		s.AutoExcludeTTL = Duration(DefaultAutoExcludeTTL)
@@ -227,6 +241,9 @@ func (s *Stream) Defaults() {
 		s.TopologyRefresh = Duration(DefaultTopologyRefresh)
 	}
 }
+
+// ValidAlias reports whether s looks like a replica alias, <cell>-<uid>.
+func ValidAlias(s string) bool { return aliasRe.MatchString(s) }
 
 var (
 	aliasRe  = regexp.MustCompile(`^[A-Za-z0-9_.]+-[0-9]+$`)
@@ -317,8 +334,8 @@ func (t Tunables) Validate() error {
 		return fieldErr("retry.backoffCoefficient", "%v: must be >= 1", r.BackoffCoefficient)
 	case r.MaximumInterval < r.InitialInterval:
 		return fieldErr("retry.maximumInterval", "%v is below retry.initialInterval %v", r.MaximumInterval, r.InitialInterval)
-	case r.MaximumAttempts < 0:
-		return fieldErr("retry.maximumAttempts", "%d: must be >= 0 (0 = no limit)", r.MaximumAttempts)
+	case r.Attempts() < 0:
+		return fieldErr("retry.maximumAttempts", "%d: must be >= 0 (0 = no limit)", r.Attempts())
 	case t.AutoExcludeTTL <= 0:
 		return fieldErr("autoExcludeTTL", "must be positive")
 	case t.Batch.MaxRecords < 1 || t.Batch.MaxRecords > MaxBatchRecords:

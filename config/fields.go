@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 )
 
 // checkFields reports the first JSON object key that t has no field for,
@@ -27,8 +28,11 @@ func walkFields(v any, t reflect.Type, path string) error {
 	}
 	switch val := v.(type) {
 	case map[string]any:
-		if t.Kind() != reflect.Struct {
+		if t.Kind() == reflect.Map {
 			return nil
+		}
+		if t.Kind() != reflect.Struct {
+			return wrongType(path, "{…}", "object", t)
 		}
 		fields := jsonFields(t)
 		for key, sub := range val {
@@ -42,15 +46,42 @@ func walkFields(v any, t reflect.Type, path string) error {
 		}
 	case []any:
 		if t.Kind() != reflect.Slice {
-			return nil
+			return wrongType(path, "[…]", "array", t)
 		}
 		for i, sub := range val {
 			if err := walkFields(sub, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
 				return err
 			}
 		}
+	case string:
+		if t != durationType && t != timeType && t.Kind() != reflect.String && t.Kind() != reflect.Interface {
+			return wrongType(path, fmt.Sprintf("%q", val), "string", t)
+		}
+	case json.Number:
+		if !numeric(t.Kind()) || t == durationType {
+			return wrongType(path, val.String(), "number", t)
+		}
+	case bool:
+		if t.Kind() != reflect.Bool && t.Kind() != reflect.Interface {
+			return wrongType(path, fmt.Sprint(val), "bool", t)
+		}
 	}
 	return nil
+}
+
+var timeType = reflect.TypeFor[time.Time]()
+
+func numeric(k reflect.Kind) bool {
+	return k >= reflect.Int && k <= reflect.Float64 || k == reflect.Interface
+}
+
+// wrongType is the error for a JSON value (shown) of the wrong kind at
+// path, in the words encoding/json's own errors get (describeJSONError).
+func wrongType(path, shown, kind string, want reflect.Type) error {
+	if want == durationType {
+		return &FieldError{Field: path, Msg: fmt.Sprintf("%s: want a duration string such as \"500ms\" or \"2h\"", shown)}
+	}
+	return &FieldError{Field: path, Msg: fmt.Sprintf("wrong type: got JSON %s, want %s", kind, want)}
 }
 
 // jsonFields maps a struct's JSON names to field types (exact names:

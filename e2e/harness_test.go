@@ -30,6 +30,7 @@ import (
 )
 
 var (
+	temporalCLI  string // the Temporal CLI
 	binDir       string // the project's binaries, built for this run
 	temporalAddr string // the shared dev server's frontend
 	temporalUI   string // and its Web UI
@@ -49,6 +50,7 @@ func runMain(m *testing.M) int {
 	if temporal == "" {
 		temporal = filepath.Join(root, "bin", "temporal")
 	}
+	temporalCLI = temporal
 	if _, err := os.Stat(temporal); err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: no Temporal CLI at %s: run `make test` (it installs bin/temporal) or set TEMPORAL_CLI\n", temporal)
 		return 1
@@ -86,7 +88,7 @@ func startDevServer(temporal, dir string) (*proc, error) {
 		"--http-port", fmt.Sprint(freePort()), "--metrics-port", fmt.Sprint(freePort()),
 		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "warn",
 		// Continue-as-new is suggested early, so the tests cross it.
-		"--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=400"}
+		"--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=300"}
 	for _, sa := range workflows.SearchAttributes {
 		args = append(args, "--search-attribute", sa+"=Keyword")
 	}
@@ -185,6 +187,7 @@ type env struct {
 	tabletd   *proc
 	tdAddr    string
 	admin     sourcepb.AdminClient
+	topo      sourcepb.TopologyClient
 	temporal  client.Client
 	workers   []*proc
 	logs      []*proc
@@ -204,6 +207,7 @@ func newEnv(t *testing.T, tabletdArgs ...string) *env {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	e.admin = sourcepb.NewAdminClient(conn)
+	e.topo = sourcepb.NewTopologyClient(conn)
 	e.eventually("tabletd answers", 30*time.Second, func() (bool, string) {
 		_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err == nil, fmt.Sprint(err)
@@ -272,6 +276,84 @@ func (e *env) status(id string) (workflows.StreamStatus, error) {
 		return st, err
 	}
 	return st, v.Get(&st)
+}
+
+// waitStatus polls a stream's status until cond holds.
+func (e *env) waitStatus(id, what string, within time.Duration, cond func(workflows.StreamStatus) (bool, string)) workflows.StreamStatus {
+	e.t.Helper()
+	var st workflows.StreamStatus
+	e.eventually(what, within, func() (bool, string) {
+		var err error
+		st, err = e.status(id)
+		if err != nil {
+			return false, err.Error()
+		}
+		return cond(st)
+	})
+	return st
+}
+
+// tabletStatus finds one tablet in a status.
+func tabletStatus(st workflows.StreamStatus, id string) workflows.TabletStatus {
+	for _, t := range st.Tablets {
+		if t.ID == id {
+			return t
+		}
+	}
+	return workflows.TabletStatus{}
+}
+
+// allStreaming is a waitStatus condition: n tablets, all Streaming.
+func allStreaming(n int) func(workflows.StreamStatus) (bool, string) {
+	return func(st workflows.StreamStatus) (bool, string) {
+		k := 0
+		for _, t := range st.Tablets {
+			if t.State == workflows.Streaming {
+				k++
+			}
+		}
+		return k == n && len(st.Tablets) == n, summary(st)
+	}
+}
+
+// summary renders a status compactly for failure messages.
+func summary(st workflows.StreamStatus) string {
+	var b strings.Builder
+	for _, t := range st.Tablets {
+		fmt.Fprintf(&b, "%s=%s@%s(%s%s) ", t.ID, t.State, t.Replica, t.Reason, t.LastError)
+	}
+	fmt.Fprintf(&b, "exclude=%v rejected=%v", st.Exclude, st.Rejected)
+	return b.String()
+}
+
+// cli runs the Temporal CLI against the shared dev server.
+func (e *env) cli(args ...string) string {
+	e.t.Helper()
+	cmd := exec.Command(temporalCLI, append(args, "--address", temporalAddr)...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(e.t, err, "temporal %v: %s", args, out)
+	return string(out)
+}
+
+// signal sends an operator signal with the Temporal CLI, as an operator
+// would.
+func (e *env) signal(id, name, input string) {
+	e.t.Helper()
+	e.cli("workflow", "signal", "--workflow-id", id, "--name", name, "--input", input)
+}
+
+// fault injects a fault with the tabletd admin API.
+func (e *env) fault(req *sourcepb.FaultRequest) {
+	e.t.Helper()
+	_, err := e.admin.Fault(context.Background(), req)
+	require.NoError(e.t, err)
+}
+
+// heal undoes a server's (or replica's) faults.
+func (e *env) heal(server, tablet string) {
+	e.t.Helper()
+	_, err := e.admin.Heal(context.Background(), &sourcepb.HealRequest{Server: server, Tablet: tablet})
+	require.NoError(e.t, err)
 }
 
 // workload sends a workload command to tabletd.

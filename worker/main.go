@@ -66,7 +66,8 @@ func run() error {
 	})
 	w.RegisterWorkflow(workflows.StreamWorkflow)
 	w.RegisterWorkflow(workflows.TabletWorkflow)
-	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger})
+	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger,
+		Watcher: &activities.Watcher{Client: c, Interval: time.Second, Logger: logger}})
 	logger.Info("worker starting", zap.String("address", opts.HostPort), zap.String("namespace", opts.Namespace),
 		zap.String("taskQueue", *taskQueue), zap.Int("maxConcurrentActivities", *maxActivities))
 	return w.Run(worker.InterruptCh())

@@ -40,6 +40,7 @@ func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamStat
 			s.st.Exclude[i].Expires = expiry(workflow.Now(ctx), s.st.Exclude[i].TTL)
 		}
 	}
+	s.applyTunables()
 	s.log = log.With(workflow.GetLogger(ctx), "stream", s.id)
 	return s.run(ctx)
 }
@@ -54,7 +55,11 @@ type stream struct {
 }
 
 func (s *stream) run(ctx workflow.Context) error {
-	if err := workflow.SetQueryHandler(ctx, QueryStatus, s.status); err != nil {
+	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (StreamStatus, error) { return s.status(workflow.Now(ctx)), nil }); err != nil {
+		return err
+	}
+	signals, err := s.registerOperatorCommands(ctx)
+	if err != nil {
 		return err
 	}
 	if err := workflow.SetQueryHandler(ctx, activities.QueryExclusions, func() ([]config.Exclusion, error) {
@@ -83,22 +88,29 @@ func (s *stream) run(ctx workflow.Context) error {
 			return err
 		}
 		s.st.SourceStream = true
+		s.st.Retention = info.Retention
 	}
 	if err := workflow.UpsertTypedSearchAttributes(ctx, SAStream.ValueSet(s.id)); err != nil {
 		s.log.Warn("search attributes not updated", "error", err)
 	}
+	var expiry expiryTimer
 	for {
 		if err := ctx.Err(); err != nil {
 			// Cancelled: the tablets (abandoned children) stop by
 			// themselves when their next report finds the stream closed.
 			return temporal.NewCanceledError("stream cancelled")
 		}
-		if err := s.refresh(ctx, actx); err != nil {
-			return err
+		if s.st.Stop == nil {
+			if err := s.refresh(ctx, actx); err != nil {
+				return err
+			}
 		}
 		s.details(ctx)
 		refresh := workflow.NewTimer(ctx, s.cfg.TopologyRefresh.D())
 		for waiting := true; waiting; {
+			if s.st.Stop != nil && len(s.live()) == 0 {
+				return s.finish(ctx, actx)
+			}
 			sel := workflow.NewSelector(ctx)
 			sel.AddFuture(refresh, func(workflow.Future) { waiting = false })
 			sel.AddReceive(s.reports, func(ch workflow.ReceiveChannel, _ bool) {
@@ -106,24 +118,91 @@ func (s *stream) run(ctx workflow.Context) error {
 				ch.Receive(ctx, &r)
 				s.onReport(ctx, r)
 			})
+			for _, name := range SignalCommands {
+				sel.AddReceive(signals[name], func(ch workflow.ReceiveChannel, _ bool) {
+					var raw json.RawMessage
+					ch.Receive(ctx, &raw)
+					s.onSignal(ctx, name, raw)
+				})
+			}
+			if t := expiry.next(ctx, s.nextExpiry(workflow.Now(ctx))); t != nil {
+				sel.AddFuture(t, func(workflow.Future) { expiry.fired(); s.onExpiry(ctx) })
+			}
 			sel.Select(ctx)
 			s.details(ctx)
 			if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
-				return s.continueAsNew(ctx)
+				return s.continueAsNew(ctx, signals)
 			}
 		}
 	}
 }
 
+// expiryTimer is one timer for the next exclusion expiry, replaced only
+// when that instant changes (not on every loop).
+type expiryTimer struct {
+	at     time.Time
+	timer  workflow.Future
+	cancel workflow.CancelFunc
+}
+
+// next returns the timer for instant at (nil: none), starting a new one
+// if at changed.
+func (e *expiryTimer) next(ctx workflow.Context, at time.Time) workflow.Future {
+	if at.IsZero() {
+		e.fired()
+		return nil
+	}
+	if !at.Equal(e.at) || e.timer == nil {
+		e.fired()
+		tctx, cancel := workflow.WithCancel(ctx)
+		e.at, e.cancel = at, cancel
+		e.timer = workflow.NewTimer(tctx, at.Sub(workflow.Now(ctx)))
+	}
+	return e.timer
+}
+
+// fired forgets (and cancels) the current timer.
+func (e *expiryTimer) fired() {
+	if e.cancel != nil {
+		e.cancel()
+	}
+	*e = expiryTimer{}
+}
+
+// finish ends a stopped stream: every tablet has made its final commit;
+// with dropSourceStream the source-side stream goes too, so it holds no
+// history.
+func (s *stream) finish(ctx, actx workflow.Context) error {
+	if s.st.Stop.DropSourceStream {
+		var a *activities.Activities
+		dctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute, Summary: "drop the source-side stream " + s.id})
+		if err := workflow.ExecuteActivity(dctx, a.DeleteStream, activities.DeleteStreamInput{Stream: s.id, Source: s.cfg.Source}).Get(ctx, nil); err != nil {
+			return err
+		}
+	}
+	s.log.Info("stream stopped", "dropSourceStream", s.st.Stop.DropSourceStream)
+	workflow.SetCurrentDetails(ctx, fmt.Sprintf("stream **%s** stopped; every tablet made its final commit", s.id))
+	return nil
+}
+
 // continueAsNew drains the signal channel, waits for handlers, and starts
 // the next run with the state.
-func (s *stream) continueAsNew(ctx workflow.Context) error {
+func (s *stream) continueAsNew(ctx workflow.Context, signals map[string]workflow.ReceiveChannel) error {
 	for {
 		var r TabletStatus
 		if !s.reports.ReceiveAsync(&r) {
 			break
 		}
 		s.onReport(ctx, r)
+	}
+	for _, name := range SignalCommands {
+		for {
+			var raw json.RawMessage
+			if !signals[name].ReceiveAsync(&raw) {
+				break
+			}
+			s.onSignal(ctx, name, raw)
+		}
 	}
 	if err := workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) }); err != nil {
 		return err
@@ -139,7 +218,7 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 	}
 	prev := s.st.Tablets[r.ID]
 	s.st.Tablets[r.ID] = &r
-	if r.State == Split && (prev == nil || prev.State != Split) {
+	if r.State == Split && (prev == nil || prev.State != Split) && s.st.Stop == nil {
 		handoff, err := source.ParseCheckpoint(r.Handoff)
 		if err != nil {
 			s.log.Error("split report with a bad hand-off", "tablet", r.ID, "error", err)
@@ -166,9 +245,18 @@ func (s *stream) refresh(ctx, actx workflow.Context) error {
 		return nil
 	}
 	listed := map[string]bool{}
+	aliases := map[string]bool{}
 	for _, t := range tablets {
 		listed[t.ID] = true
+		for _, r := range t.Replicas {
+			aliases[r.Alias] = true
+		}
 	}
+	s.st.Aliases = s.st.Aliases[:0]
+	for a := range aliases {
+		s.st.Aliases = append(s.st.Aliases, a)
+	}
+	slices.Sort(s.st.Aliases)
 	var start []string
 	for _, t := range tablets {
 		if s.st.Tablets[t.ID] != nil {
@@ -204,7 +292,7 @@ func (s *stream) startTablets(ctx workflow.Context, ids []string, start source.C
 				SAStream.ValueSet(s.id), SATablet.ValueSet(id), SAState.ValueSet(string(Starting)), SAReplica.ValueSet("")),
 		})
 		fut := workflow.ExecuteChildWorkflow(cctx, TabletWorkflow, TabletInput{
-			Stream: s.id, Tablet: id, Config: s.cfg, Start: start, Tablets: total,
+			Stream: s.id, Tablet: id, Config: s.cfg, Start: start, Tablets: total, Retention: s.st.Retention,
 		}, (*TabletState)(nil))
 		futs = append(futs, started{id, fut})
 	}
@@ -234,8 +322,8 @@ func (s *stream) exclusions(now time.Time) []config.Exclusion {
 	return out
 }
 
-// status is the `status` query.
-func (s *stream) status() (StreamStatus, error) {
+// status is the `status` query; a paused tablet's retention counts down.
+func (s *stream) status(now time.Time) StreamStatus {
 	out := StreamStatus{Stream: s.id, Tablets: []TabletStatus{}, Exclude: s.st.Exclude, Rejected: s.st.Rejected}
 	if out.Exclude == nil {
 		out.Exclude = []config.Exclusion{}
@@ -243,11 +331,14 @@ func (s *stream) status() (StreamStatus, error) {
 	if out.Rejected == nil {
 		out.Rejected = []Rejected{}
 	}
-	for _, t := range s.st.Tablets {
-		out.Tablets = append(out.Tablets, *t)
+	for _, id := range s.tabletIDs() {
+		t := *s.st.Tablets[id]
+		if t.State == Paused && !t.PausedAt.IsZero() && s.st.Retention > 0 {
+			t.RetentionLeft = retentionLeft(s.st.Retention, t.PausedAt, now).Round(time.Second).String()
+		}
+		out.Tablets = append(out.Tablets, t)
 	}
-	slices.SortFunc(out.Tablets, func(a, b TabletStatus) int { return strings.Compare(a.ID, b.ID) })
-	return out, nil
+	return out
 }
 
 // reject records a bad signal payload: logged and shown in the status,

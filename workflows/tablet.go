@@ -3,6 +3,7 @@ package workflows
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
@@ -53,18 +54,33 @@ type tablet struct {
 	st       *TabletState
 	log      log.Logger
 	progress workflow.ReceiveChannel
+	commands workflow.ReceiveChannel
 	backoff  time.Duration
+	// What the operator asked, applied at the next batch boundary.
+	pause, stop bool
 }
 
 func (t *tablet) run(ctx workflow.Context) error {
 	t.progress = workflow.GetSignalChannel(ctx, activities.SignalProgress)
+	t.commands = workflow.GetSignalChannel(ctx, SignalTabletCommand)
+	t.pause = t.st.Status.State == Paused
 	if err := t.report(ctx, true); err != nil {
 		return err
 	}
 	for {
 		if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
-			t.drainProgress()
+			t.drain(ctx)
 			return workflow.NewContinueAsNewError(ctx, TabletWorkflow, t.in, t.st)
+		}
+		if t.stop {
+			return t.setState(ctx, Stopped, t.st.Status.Replica, "stopped by the operator after a final commit")
+		}
+		if t.pause {
+			done, err := t.paused(ctx)
+			if err != nil || done {
+				return err
+			}
+			continue
 		}
 		sel, err := t.selectReplica(ctx)
 		if err != nil {
@@ -81,6 +97,86 @@ func (t *tablet) run(ctx workflow.Context) error {
 			return err
 		}
 	}
+}
+
+// handle applies an operator command. It reports whether a running
+// GetChanges must stop (at its next batch boundary, after its commit).
+func (t *tablet) handle(ctx workflow.Context, cmd TabletCommand) (interrupt bool) {
+	switch cmd.Kind {
+	case CmdPause:
+		t.pause = true
+	case CmdResume:
+		t.pause = false
+	case CmdStop:
+		t.stop = true
+	case CmdInclude:
+		t.st.Exclude = slices.DeleteFunc(t.st.Exclude, func(e config.Exclusion) bool { return slices.Contains(cmd.Aliases, e.Alias) })
+		t.st.Status.Excluded = t.liveExclusions(ctx)
+	case CmdConfigure:
+		if cmd.Tunables != nil {
+			t.in.Config.Selection, t.in.Config.Retry = cmd.Tunables.Selection, cmd.Tunables.Retry
+			t.in.Config.Batch, t.in.Config.Run = cmd.Tunables.Batch, cmd.Tunables.Run
+			t.in.Config.AutoExcludeTTL = cmd.Tunables.AutoExcludeTTL
+		}
+	case "recheck":
+	default:
+		t.log.Warn("unknown tablet command", "kind", cmd.Kind)
+	}
+	return t.pause || t.stop
+}
+
+// drain applies every buffered signal before continuing as new.
+func (t *tablet) drain(ctx workflow.Context) {
+	for {
+		var p activities.Progress
+		if !t.progress.ReceiveAsync(&p) {
+			break
+		}
+	}
+	for {
+		var cmd TabletCommand
+		if !t.commands.ReceiveAsync(&cmd) {
+			return
+		}
+		t.handle(ctx, cmd)
+	}
+}
+
+// paused holds the tablet at its checkpoint until resumed or stopped. Its
+// source history is not advanced meanwhile, so a timer flips it to Expired
+// when the source's retention runs out. done: the workflow is finished.
+func (t *tablet) paused(ctx workflow.Context) (bool, error) {
+	now := workflow.Now(ctx)
+	if t.st.Status.PausedAt.IsZero() {
+		t.st.Status.PausedAt = now
+	}
+	if err := t.setState(ctx, Paused, "", "paused by the operator"); err != nil {
+		return true, err
+	}
+	var expired workflow.Future
+	if r := t.in.Retention; r > 0 {
+		expired = workflow.NewTimer(ctx, retentionLeft(r, t.st.Status.PausedAt, now))
+	}
+	for t.pause && !t.stop {
+		sel := workflow.NewSelector(ctx)
+		if expired != nil {
+			sel.AddFuture(expired, func(workflow.Future) {})
+		}
+		sel.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
+			var cmd TabletCommand
+			c.Receive(ctx, &cmd)
+			t.handle(ctx, cmd)
+		})
+		sel.Select(ctx)
+		if err := ctx.Err(); err != nil {
+			return true, err
+		}
+		if expired != nil && expired.IsReady() && t.pause {
+			return true, t.setState(ctx, Expired, "", fmt.Sprintf("paused for longer than the source's retention (%v)", t.in.Retention))
+		}
+	}
+	t.st.Status.PausedAt = time.Time{}
+	return false, nil
 }
 
 // selectReplica runs the tablet picker; with no eligible replica it moves
@@ -107,7 +203,8 @@ func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, erro
 	if isType(err, activities.ErrNoEligibleReplica) {
 		state = NoEligibleReplica
 	}
-	if rerr := t.setState(ctx, state, t.st.Status.Replica, rootMessage(err)); rerr != nil {
+	t.st.Status.LastError = rootMessage(err)
+	if rerr := t.setState(ctx, state, "", rootMessage(err)); rerr != nil {
 		return sel, rerr
 	}
 	return sel, err
@@ -123,7 +220,8 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		return false, err
 	}
 	var a *activities.Activities
-	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+	runCtx, cancel := workflow.WithCancel(ctx)
+	actx := workflow.WithActivityOptions(runCtx, workflow.ActivityOptions{
 		// Generous: a run ends by itself after run.duration.
 		StartToCloseTimeout: cfg.Run.Duration.D() + cfg.Batch.MaxWait.D() + 2*time.Minute,
 		HeartbeatTimeout:    cfg.Run.HeartbeatTimeout.D(),
@@ -132,16 +230,19 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 			InitialInterval:        cfg.Retry.InitialInterval.D(),
 			BackoffCoefficient:     cfg.Retry.BackoffCoefficient,
 			MaximumInterval:        cfg.Retry.MaximumInterval.D(),
-			MaximumAttempts:        cfg.Retry.MaximumAttempts,
+			MaximumAttempts:        cfg.Retry.Attempts(),
 			NonRetryableErrorTypes: activities.NonRetryable,
 		},
-		Summary: fmt.Sprintf("read %s from %s after %s", t.in.Tablet, sel.Replica.Alias, t.st.Checkpoint),
+		Summary: fmt.Sprintf("read %s from %s after %s", t.in.Tablet, sel.Replica.Alias, orDash(t.st.Checkpoint.String())),
 	})
 	fut := workflow.ExecuteActivity(actx, a.GetChanges, activities.GetChangesInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
 		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Batch: cfg.Batch, RunFor: cfg.Run.Duration,
 	})
-	// While it runs, the activity tells us when it retries and recovers.
+	// While it runs: the activity says when it retries and recovers; an
+	// operator's pause or stop cancels it (it returns at a batch boundary,
+	// after its commit).
+	cancelled := false
 	for !fut.IsReady() {
 		s := workflow.NewSelector(ctx)
 		s.AddFuture(fut, func(workflow.Future) {})
@@ -156,14 +257,23 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 			}
 			err = t.setState(ctx, state, p.Replica, "")
 		})
+		s.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
+			var cmd TabletCommand
+			c.Receive(ctx, &cmd)
+			if t.handle(ctx, cmd) && !cancelled {
+				cancelled = true
+				cancel()
+			}
+		})
 		s.Select(ctx)
 		if err != nil {
+			cancel()
 			return false, err
 		}
 	}
 	var res activities.GetChangesResult
 	runErr := fut.Get(ctx, &res)
-	if runErr == nil {
+	if runErr == nil || (cancelled && temporal.IsCanceledError(runErr)) {
 		t.backoff = 0
 		t.advance(res.Checkpoint)
 		t.st.Status.Records += res.Records
@@ -241,10 +351,21 @@ func (t *tablet) liveExclusions(ctx workflow.Context) []config.Exclusion {
 	return append([]config.Exclusion(nil), live...)
 }
 
-// wait backs off between runs, doubling up to maxBackoff.
+// wait backs off between runs, doubling up to maxBackoff; an operator
+// command (an exclusion lifted, pause, stop) ends it early.
 func (t *tablet) wait(ctx workflow.Context) error {
 	t.backoff = min(max(2*t.backoff, minBackoff), maxBackoff)
-	return workflow.Sleep(ctx, t.backoff)
+	timer := workflow.NewTimer(ctx, t.backoff)
+	sel := workflow.NewSelector(ctx)
+	sel.AddFuture(timer, func(workflow.Future) {})
+	sel.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
+		var cmd TabletCommand
+		c.Receive(ctx, &cmd)
+		t.handle(ctx, cmd)
+		t.backoff = 0
+	})
+	sel.Select(ctx)
+	return ctx.Err()
 }
 
 func (t *tablet) advance(cp source.Checkpoint) {
@@ -304,15 +425,6 @@ func (t *tablet) details() string {
 		out += fmt.Sprintf("\n\nattempt %d, last error: %s", s.Attempt, s.LastError)
 	}
 	return out
-}
-
-func (t *tablet) drainProgress() {
-	for {
-		var p activities.Progress
-		if !t.progress.ReceiveAsync(&p) {
-			return
-		}
-	}
 }
 
 func orDash(s string) string {

@@ -68,6 +68,8 @@ type TabletStatus struct {
 	// RetentionLeft counts down while the tablet does not advance (Paused).
 	RetentionLeft string             `json:"retentionLeft"`
 	Excluded      []config.Exclusion `json:"excluded"`
+	// PausedAt is when a Paused tablet stopped advancing.
+	PausedAt time.Time `json:"pausedAt,omitzero"`
 	// For a Split tablet: its children and their starting checkpoint.
 	Children []string  `json:"children,omitempty"`
 	Handoff  string    `json:"handoff,omitempty"`
@@ -97,6 +99,14 @@ type StreamState struct {
 	Tablets      map[string]*TabletStatus `json:"tablets"`
 	Exclude      []config.Exclusion       `json:"exclude"`
 	Rejected     []Rejected               `json:"rejected"`
+	// Aliases are the replicas the stream knows (from its last listing).
+	Aliases []string `json:"aliases"`
+	// Retention is the source's retention for the stream.
+	Retention time.Duration `json:"retention"`
+	// Tunables is the operator's last configure, if any.
+	Tunables *config.Tunables `json:"tunables,omitempty"`
+	// Stop is set once the operator asked the stream to stop.
+	Stop *StopRequest `json:"stop,omitempty"`
 }
 
 // TabletInput starts a TabletWorkflow.
@@ -109,6 +119,9 @@ type TabletInput struct {
 	Start source.Checkpoint `json:"start"`
 	// Tablets is how many tablets the stream has, to pace counter reports.
 	Tablets int `json:"tablets"`
+	// Retention is the source's retention: how long the tablet may be
+	// paused before its history expires (0: unknown).
+	Retention time.Duration `json:"retention"`
 }
 
 // TabletState is everything a TabletWorkflow carries across

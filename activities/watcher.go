@@ -1,0 +1,109 @@
+package activities
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/picker"
+)
+
+// Watcher is a worker's exclusion watcher. Cancellation reaches an
+// activity only through a heartbeat, and fast heartbeats for thousands of
+// tablets overload the server; so while a stream has a GetChanges running
+// on this worker, the watcher reads the stream's exclude list once per
+// interval (one query per stream, however many tablets), and each
+// GetChanges checks it at every batch boundary.
+type Watcher struct {
+	Client   WorkflowClient
+	Interval time.Duration
+	Logger   *zap.Logger
+
+	mu      sync.Mutex
+	streams map[string]*watched
+}
+
+type watched struct {
+	refs    int
+	list    []config.Exclusion
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// Watch starts watching a stream's exclude list (if this worker is not
+// already) and returns the function that ends this caller's interest.
+func (w *Watcher) Watch(stream string) (release func()) {
+	if w == nil || w.Client == nil {
+		return func() {}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.streams == nil {
+		w.streams = map[string]*watched{}
+	}
+	s := w.streams[stream]
+	if s == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		s = &watched{stop: cancel, stopped: make(chan struct{})}
+		w.streams[stream] = s
+		go w.poll(ctx, stream, s)
+	}
+	s.refs++
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if s.refs--; s.refs == 0 {
+			s.stop()
+			delete(w.streams, stream)
+		}
+	}
+}
+
+// Excluded reports whether the stream's operator list, as last read,
+// excludes alias on tablet now.
+func (w *Watcher) Excluded(stream, tablet, alias string, now time.Time) (config.Exclusion, bool) {
+	if w == nil {
+		return config.Exclusion{}, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.streams[stream]
+	if s == nil {
+		return config.Exclusion{}, false
+	}
+	return picker.Excluded(s.list, alias, tablet, now)
+}
+
+func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
+	defer close(s.stopped)
+	interval := w.Interval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, interval)
+		v, err := w.Client.QueryWorkflow(qctx, stream, "", QueryExclusions)
+		var list []config.Exclusion
+		if err == nil {
+			err = v.Get(&list)
+		}
+		cancel()
+		if err == nil {
+			w.mu.Lock()
+			s.list = list
+			w.mu.Unlock()
+		} else if ctx.Err() == nil && w.Logger != nil {
+			w.Logger.Debug("exclusion watcher: query failed", zap.String("stream", stream), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,554 @@
+package config
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// designExample is the stream config of DESIGN.md "Contract examples".
+const designExample = `{
+  "source": {"kind": "tabletd", "address": "127.0.0.1:15991", "keyspace": "commerce"},
+  "sink": {"kind": "jsonl", "path": "/var/lib/tabletflow/orders"},
+  "startFrom": "earliest",
+  "selection": {"cells": ["zone1"], "cellPreference": "preferLocal",
+                "tabletTypes": ["REPLICA", "RDONLY", "PRIMARY"], "maxLag": "30s"},
+  "retry": {"initialInterval": "1s", "backoffCoefficient": 2.0,
+            "maximumInterval": "30s", "maximumAttempts": 5},
+  "autoExcludeTTL": "5m",
+  "batch": {"maxRecords": 1000, "maxWait": "500ms"},
+  "run": {"duration": "1m", "heartbeatTimeout": "10s"},
+  "topologyRefresh": "1m",
+  "exclude": [{"alias": "zone2-0000000201", "reason": "maintenance", "ttl": "2h"}]
+}`
+
+// minimalFields are the two required blocks, without braces, so tests can
+// add fields after them.
+const minimalFields = `"source": {"kind": "tabletd", "address": "127.0.0.1:15991", "keyspace": "commerce"},
+  "sink": {"kind": "jsonl", "path": "/var/lib/tabletflow/orders"}`
+
+// minimal returns the minimal config with extra fields ("" for none).
+func minimal(extra string) string {
+	if extra == "" {
+		return "{" + minimalFields + "}"
+	}
+	return "{" + minimalFields + ", " + extra + "}"
+}
+
+func TestDecodeAcceptsTheDesignExample(t *testing.T) {
+	got, err := Decode([]byte(designExample))
+	require.NoError(t, err)
+	want := Stream{
+		Source:    Source{Kind: "tabletd", Address: "127.0.0.1:15991", Keyspace: "commerce"},
+		Sink:      Sink{Kind: "jsonl", Path: "/var/lib/tabletflow/orders"},
+		StartFrom: "earliest",
+		Selection: Selection{
+			Cells: []string{"zone1"}, CellPreference: "preferLocal",
+			TabletTypes: []string{"REPLICA", "RDONLY", "PRIMARY"}, MaxLag: Duration(30 * time.Second),
+		},
+		Retry: Retry{
+			InitialInterval: Duration(time.Second), BackoffCoefficient: 2,
+			MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5),
+		},
+		AutoExcludeTTL:  Duration(5 * time.Minute),
+		Batch:           Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond)},
+		Run:             Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)},
+		TopologyRefresh: Duration(time.Minute),
+		Exclude:         []Exclusion{{Alias: "zone2-0000000201", Reason: "maintenance", TTL: Duration(2 * time.Hour)}},
+	}
+	require.Equal(t, want, got)
+}
+
+func TestDecodeFillsDocumentedDefaultsForAMinimalConfig(t *testing.T) {
+	got, err := Decode([]byte(minimal("")))
+	require.NoError(t, err)
+	tests := []struct {
+		name string
+		got  any
+		want any
+	}{
+		// The required blocks are kept as given.
+		{name: "source", got: got.Source, want: Source{Kind: "tabletd", Address: "127.0.0.1:15991", Keyspace: "commerce"}},
+		{name: "sink", got: got.Sink, want: Sink{Kind: "jsonl", Path: "/var/lib/tabletflow/orders"}},
+		// startFrom: all retained history.
+		{name: "startFrom", got: got.StartFrom, want: DefaultStartFrom},
+		// No cells listed, preferLocal.
+		{name: "selection.cells", got: got.Selection.Cells, want: []string(nil)},
+		{name: "selection.cellPreference", got: got.Selection.CellPreference, want: DefaultCellPreference},
+		// REPLICA, RDONLY, PRIMARY.
+		{name: "selection.tabletTypes", got: got.Selection.TabletTypes, want: DefaultTabletTypes},
+		{name: "selection.maxLag", got: got.Selection.MaxLag.D(), want: DefaultMaxLag},
+		// The whole retry block, maximumAttempts included (DESIGN.md: every
+		// field but source and sink has a default; DefaultRetry says 5).
+		{name: "retry", got: got.Retry, want: DefaultRetry},
+		{name: "autoExcludeTTL", got: got.AutoExcludeTTL.D(), want: DefaultAutoExcludeTTL},
+		{name: "batch", got: got.Batch, want: DefaultBatch},
+		{name: "run", got: got.Run, want: DefaultRun},
+		{name: "topologyRefresh", got: got.TopologyRefresh.D(), want: DefaultTopologyRefresh},
+		// No exclusions.
+		{name: "exclude", got: got.Exclude, want: []Exclusion(nil)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, tt.got)
+		})
+	}
+}
+
+func TestDefaultsDoNotAliasDefaultTabletTypes(t *testing.T) {
+	// A stream that edits its tabletTypes in place must not change the
+	// package default for the next stream.
+	var s Stream
+	s.Defaults()
+	s.Selection.TabletTypes[0] = "PRIMARY"
+	require.Equal(t, []string{"REPLICA", "RDONLY", "PRIMARY"}, DefaultTabletTypes)
+}
+
+func TestDecodeRejectsBadConfigsNamingTheField(t *testing.T) {
+	tests := []struct {
+		name       string
+		in         string
+		wantPrefix string // the error starts with this
+	}{
+		// A top-level key the config does not have.
+		{name: "unknown top-level field", in: minimal(`"sinks": {}`), wantPrefix: "sinks: unknown field"},
+		// A nested unknown key is reported with its full path.
+		{name: "unknown nested field", in: minimal(`"batch": {"maxRecordz": 5}`), wantPrefix: "batch.maxRecordz: unknown field"},
+		// An unknown key in an array element names the element.
+		{name: "unknown field in exclude entry", in: minimal(`"exclude": [{"alias": "zone1-1", "reasn": "x"}]`),
+			wantPrefix: "exclude[0].reasn: unknown field"},
+		// Field names are exact: encoding/json's case folding is not allowed.
+		{name: "wrong-case top-level field", in: minimal(`"Batch": {"maxRecords": 5}`), wantPrefix: "Batch: unknown field"},
+		// ... nor in nested blocks.
+		{name: "wrong-case nested field", in: minimal(`"retry": {"MaximumAttempts": 3}`), wantPrefix: "retry.MaximumAttempts: unknown field"},
+		// A string where an int belongs.
+		{name: "string for int", in: minimal(`"batch": {"maxRecords": "1000"}`), wantPrefix: "batch.maxRecords: wrong type"},
+		// A fraction where an int belongs.
+		{name: "fraction for int", in: minimal(`"retry": {"maximumAttempts": 1.5}`), wantPrefix: "retry.maximumAttempts: wrong type"},
+		// A number that overflows int32.
+		{name: "int32 overflow", in: minimal(`"retry": {"maximumAttempts": 3000000000}`), wantPrefix: "retry.maximumAttempts: wrong type"},
+		// A number where a duration string belongs: "500" has no unit.
+		{name: "number for nested duration", in: minimal(`"batch": {"maxWait": 500}`), wantPrefix: "batch.maxWait: 500: want a duration string"},
+		// ... at the top level too.
+		{name: "number for top-level duration", in: minimal(`"autoExcludeTTL": 300`), wantPrefix: "autoExcludeTTL: 300: want a duration string"},
+		// A string that is not a Go duration.
+		{name: "bad duration string", in: minimal(`"run": {"heartbeatTimeout": "10 seconds"}`), wantPrefix: "run.heartbeatTimeout: \"10 seconds\": want a duration string"},
+		// A unitless duration string.
+		{name: "unitless duration string", in: minimal(`"selection": {"maxLag": "30"}`), wantPrefix: "selection.maxLag:"},
+		// A string where a block belongs.
+		{name: "string for object", in: minimal(`"batch": "big"`), wantPrefix: "batch: wrong type"},
+		// A string where a list belongs.
+		{name: "string for list", in: minimal(`"selection": {"cells": "zone1"}`), wantPrefix: "selection.cells: wrong type"},
+		// A bool where a float belongs.
+		{name: "bool for float", in: minimal(`"retry": {"backoffCoefficient": true}`), wantPrefix: "retry.backoffCoefficient: wrong type"},
+		// A wrong type inside an exclude entry names the entry, as every
+		// other exclude error does.
+		{name: "wrong type in exclude entry", in: minimal(`"exclude": [{"alias": "zone1-1"}, {"alias": 101}]`),
+			wantPrefix: "exclude[1].alias: wrong type"},
+		// A wrong type inside a list names the element.
+		{name: "wrong type in list element", in: minimal(`"selection": {"tabletTypes": ["REPLICA", 2]}`),
+			wantPrefix: "selection.tabletTypes[1]: wrong type"},
+		// A second object after the first.
+		{name: "trailing object", in: minimal("") + ` {}`, wantPrefix: "unexpected data after the JSON object"},
+		// Garbage after the object.
+		{name: "trailing garbage", in: minimal("") + ` x`, wantPrefix: "unexpected data after the JSON object"},
+		// Nothing at all.
+		{name: "empty input", in: "", wantPrefix: "empty input"},
+		// Only whitespace.
+		{name: "blank input", in: " \n\t", wantPrefix: "empty input"},
+		// JSON null (what a CLI start without --input may send).
+		{name: "null", in: "null", wantPrefix: "empty input"},
+		// A JSON value that is not an object.
+		{name: "array", in: "[]", wantPrefix: "wrong type: got JSON array"},
+		// A truncated object.
+		{name: "truncated", in: `{"source": {"kind": "tabletd"`, wantPrefix: "invalid JSON"},
+		// An object without source: the first required field is named.
+		{name: "empty object", in: `{}`, wantPrefix: "source.kind:"},
+		// A source kind the worker has no adapter for.
+		{name: "unknown source kind", in: `{"source": {"kind": "kafka", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: `source.kind: "kafka"`},
+		// The topology address is required.
+		{name: "missing source address", in: `{"source": {"kind": "tabletd", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.address:"},
+		// ... and must be host:port.
+		{name: "source address without port", in: `{"source": {"kind": "tabletd", "address": "localhost", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.address:"},
+		// The keyspace is required.
+		{name: "missing keyspace", in: `{"source": {"kind": "tabletd", "address": "a:1"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.keyspace:"},
+		// tokenEnv names a variable; it is not the token.
+		{name: "token instead of env name", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k", "tokenEnv": "s3cr3t token"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.tokenEnv:"},
+		// A sink kind there is no adapter for.
+		{name: "unknown sink kind", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "kafka"}}`,
+			wantPrefix: `sink.kind: "kafka"`},
+		// No sink at all.
+		{name: "missing sink", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}}`, wantPrefix: "sink.kind:"},
+		// The JSONL sink needs a directory.
+		{name: "jsonl without path", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "jsonl"}}`,
+			wantPrefix: "sink.path:"},
+		// dsnEnv names a variable; a DSN in the config would leak into histories.
+		{name: "dsn instead of env name", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x", "dsnEnv": "postgres://u:p@h/db"}}`,
+			wantPrefix: "sink.dsnEnv:"},
+		// startFrom is earliest or latest.
+		{name: "bad startFrom", in: minimal(`"startFrom": "now"`), wantPrefix: `startFrom: "now"`},
+		// cellPreference is one of two words, exactly.
+		{name: "bad cellPreference", in: minimal(`"selection": {"cellPreference": "prefer_local"}`), wantPrefix: "selection.cellPreference:"},
+		// onlySpecified with no cells could never pick anything.
+		{name: "onlySpecified without cells", in: minimal(`"selection": {"cellPreference": "onlySpecified"}`), wantPrefix: "selection.cells:"},
+		// A cell listed twice.
+		{name: "duplicate cell", in: minimal(`"selection": {"cells": ["zone1", "zone1"]}`), wantPrefix: "selection.cells[1]:"},
+		// An empty cell name.
+		{name: "empty cell", in: minimal(`"selection": {"cells": [""]}`), wantPrefix: "selection.cells[0]:"},
+		// A tablet type listed twice.
+		{name: "duplicate tablet type", in: minimal(`"selection": {"tabletTypes": ["REPLICA", "REPLICA"]}`), wantPrefix: "selection.tabletTypes[1]:"},
+		// Tablet types are upper case, as the source reports them.
+		{name: "unknown tablet type", in: minimal(`"selection": {"tabletTypes": ["REPLICA", "PRIMARY", "replica"]}`), wantPrefix: "selection.tabletTypes[2]:"},
+		// A negative lag limit.
+		{name: "negative maxLag", in: minimal(`"selection": {"maxLag": "-1s"}`), wantPrefix: "selection.maxLag:"},
+		// A negative first retry interval.
+		{name: "negative initialInterval", in: minimal(`"retry": {"initialInterval": "-1s"}`), wantPrefix: "retry.initialInterval:"},
+		// A coefficient below 1 would shrink the backoff.
+		{name: "backoffCoefficient below 1", in: minimal(`"retry": {"backoffCoefficient": 0.5}`), wantPrefix: "retry.backoffCoefficient:"},
+		// ... as would a negative one.
+		{name: "negative backoffCoefficient", in: minimal(`"retry": {"backoffCoefficient": -2}`), wantPrefix: "retry.backoffCoefficient:"},
+		// The cap below the first interval.
+		{name: "maximumInterval below initialInterval", in: minimal(`"retry": {"initialInterval": "10s", "maximumInterval": "5s"}`),
+			wantPrefix: "retry.maximumInterval:"},
+		// Negative attempts (0 means no limit).
+		{name: "negative maximumAttempts", in: minimal(`"retry": {"maximumAttempts": -1}`), wantPrefix: "retry.maximumAttempts:"},
+		// A negative auto-exclusion TTL.
+		{name: "negative autoExcludeTTL", in: minimal(`"autoExcludeTTL": "-5m"`), wantPrefix: "autoExcludeTTL:"},
+		// A negative batch size.
+		{name: "negative maxRecords", in: minimal(`"batch": {"maxRecords": -1}`), wantPrefix: "batch.maxRecords:"},
+		// A batch size past the limit.
+		{name: "maxRecords over limit", in: minimal(`"batch": {"maxRecords": 100001}`), wantPrefix: "batch.maxRecords:"},
+		// A long-poll longer than a minute (with a heartbeat that would fit it).
+		{name: "maxWait over limit", in: minimal(`"batch": {"maxWait": "61s"}, "run": {"heartbeatTimeout": "5m"}`), wantPrefix: "batch.maxWait:"},
+		// A negative long-poll.
+		{name: "negative maxWait", in: minimal(`"batch": {"maxWait": "-1ms"}`), wantPrefix: "batch.maxWait:"},
+		// A run shorter than a second.
+		{name: "run shorter than 1s", in: minimal(`"run": {"duration": "500ms"}`), wantPrefix: "run.duration:"},
+		// A heartbeat timeout shorter than a second.
+		{name: "heartbeatTimeout below 1s", in: minimal(`"run": {"heartbeatTimeout": "999ms"}`), wantPrefix: "run.heartbeatTimeout:"},
+		// A heartbeat timeout a long-poll could outlast.
+		{name: "heartbeatTimeout below twice maxWait", in: minimal(`"batch": {"maxWait": "10s"}, "run": {"heartbeatTimeout": "19s"}`),
+			wantPrefix: "run.heartbeatTimeout:"},
+		// ... which also holds against the default maxWait (500ms).
+		{name: "heartbeatTimeout below twice default maxWait", in: minimal(`"batch": {"maxWait": "1s"}, "run": {"heartbeatTimeout": "1s"}`),
+			wantPrefix: "run.heartbeatTimeout:"},
+		// An exclude entry without alias.
+		{name: "exclude without alias", in: minimal(`"exclude": [{"reason": "x"}]`), wantPrefix: "exclude[0].alias: must not be empty"},
+		// An alias not of the form <cell>-<uid>; the index is the entry's.
+		{name: "malformed alias in second entry", in: minimal(`"exclude": [{"alias": "zone1-1"}, {"alias": "zone1"}]`),
+			wantPrefix: `exclude[1].alias: "zone1"`},
+		// A negative exclusion TTL.
+		{name: "negative exclude ttl", in: minimal(`"exclude": [{"alias": "zone1-1", "ttl": "-1h"}]`), wantPrefix: "exclude[0].ttl:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Decode([]byte(tt.in))
+			require.Error(t, err)
+			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
+			require.Zero(t, got, "a rejected config comes back empty")
+		})
+	}
+}
+
+func TestDecodeAcceptsBoundaryValues(t *testing.T) {
+	tests := []struct {
+		name  string
+		extra string
+		check func(t *testing.T, s Stream)
+	}{
+		// The largest batch allowed.
+		{name: "maxRecords at limit", extra: `"batch": {"maxRecords": 100000}`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, MaxBatchRecords, s.Batch.MaxRecords) }},
+		// The longest long-poll allowed, with a heartbeat exactly twice it.
+		{name: "maxWait at limit", extra: `"batch": {"maxWait": "1m"}, "run": {"heartbeatTimeout": "2m"}`,
+			check: func(t *testing.T, s Stream) {
+				require.Equal(t, MaxBatchWait, s.Batch.MaxWait.D())
+				require.Equal(t, 2*time.Minute, s.Run.HeartbeatTimeout.D())
+			}},
+		// A coefficient of 1 is constant backoff.
+		{name: "backoffCoefficient 1", extra: `"retry": {"backoffCoefficient": 1}`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, 1.0, s.Retry.BackoffCoefficient) }},
+		// The cap may equal the first interval.
+		{name: "maximumInterval equal to initialInterval", extra: `"retry": {"initialInterval": "30s", "maximumInterval": "30s"}`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, s.Retry.InitialInterval, s.Retry.MaximumInterval) }},
+		// The shortest run and heartbeat timeout.
+		{name: "run of 1s", extra: `"run": {"duration": "1s", "heartbeatTimeout": "1s"}`,
+			check: func(t *testing.T, s Stream) {
+				require.Equal(t, time.Second, s.Run.Duration.D())
+				require.Equal(t, time.Second, s.Run.HeartbeatTimeout.D())
+			}},
+		// onlySpecified with cells and all three types in another order.
+		{name: "onlySpecified with cells", extra: `"selection": {"cells": ["zone2", "zone1"], "cellPreference": "onlySpecified", "tabletTypes": ["PRIMARY", "RDONLY", "REPLICA"]}`,
+			check: func(t *testing.T, s Stream) {
+				require.Equal(t, Selection{Cells: []string{"zone2", "zone1"}, CellPreference: "onlySpecified",
+					TabletTypes: []string{"PRIMARY", "RDONLY", "REPLICA"}, MaxLag: Duration(DefaultMaxLag)}, s.Selection)
+			}},
+		// startFrom latest, as a new PostgreSQL slot.
+		{name: "startFrom latest", extra: `"startFrom": "latest"`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, "latest", s.StartFrom) }},
+		// A per-tablet exclusion without TTL.
+		{name: "exclude per tablet", extra: `"exclude": [{"alias": "zone1-0000000101", "tablet": "t-0003"}]`,
+			check: func(t *testing.T, s Stream) {
+				require.Equal(t, []Exclusion{{Alias: "zone1-0000000101", Tablet: "t-0003"}}, s.Exclude)
+			}},
+		// Surrounding whitespace is not trailing data.
+		{name: "whitespace around the object", extra: "",
+			check: func(t *testing.T, s Stream) { require.Equal(t, "commerce", s.Source.Keyspace) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Decode([]byte("\n  " + minimal(tt.extra) + "\n\n"))
+			require.NoError(t, err)
+			tt.check(t, s)
+		})
+	}
+}
+
+func TestDurationJSONRoundTrips(t *testing.T) {
+	tests := []struct {
+		name string
+		d    time.Duration
+		json string
+	}{
+		// The brief's example: minutes and seconds.
+		{name: "1m30s", d: 90 * time.Second, json: `"1m30s"`},
+		// Sub-second.
+		{name: "500ms", d: 500 * time.Millisecond, json: `"500ms"`},
+		// Hours.
+		{name: "2h", d: 2 * time.Hour, json: `"2h0m0s"`},
+		// Zero.
+		{name: "zero", d: 0, json: `"0s"`},
+		// Negative values survive (validation rejects them elsewhere).
+		{name: "negative", d: -time.Second, json: `"-1s"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := json.Marshal(Duration(tt.d))
+			require.NoError(t, err)
+			require.JSONEq(t, tt.json, string(b))
+			var back Duration
+			require.NoError(t, json.Unmarshal(b, &back))
+			require.Equal(t, tt.d, back.D())
+			require.Equal(t, tt.d.String(), back.String())
+		})
+	}
+}
+
+func TestDurationInAStructRoundTripsAsAString(t *testing.T) {
+	in := Batch{MaxRecords: 7, MaxWait: Duration(90 * time.Second)}
+	b, err := json.Marshal(in)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"maxRecords": 7, "maxWait": "1m30s"}`, string(b))
+	var out Batch
+	require.NoError(t, DecodeStrict(b, &out))
+	require.Equal(t, in, out)
+}
+
+func TestDurationUnmarshalAcceptsOnlyDurationStrings(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want time.Duration
+		bad  bool
+	}{
+		// Go duration strings with mixed units.
+		{name: "mixed units", in: `"1h2m3s"`, want: time.Hour + 2*time.Minute + 3*time.Second},
+		// Fractions of a unit.
+		{name: "fraction", in: `"1.5s"`, want: 1500 * time.Millisecond},
+		// A bare number is ambiguous.
+		{name: "number", in: `90`, bad: true},
+		// A unitless number string too.
+		{name: "unitless string", in: `"90"`, bad: true},
+		// Words are not durations.
+		{name: "words", in: `"ninety seconds"`, bad: true},
+		// An empty string is not zero.
+		{name: "empty string", in: `""`, bad: true},
+		// Neither is null.
+		{name: "null", in: `null`, bad: true},
+		// Nor an object.
+		{name: "object", in: `{"s": 1}`, bad: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var d Duration
+			err := json.Unmarshal([]byte(tt.in), &d)
+			if tt.bad {
+				var typeErr *json.UnmarshalTypeError
+				require.ErrorAs(t, err, &typeErr)
+				require.Equal(t, tt.in, typeErr.Value)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.want, d.D())
+		})
+	}
+}
+
+// validTunables are the defaults of a minimal config.
+func validTunables() Tunables {
+	var s Stream
+	s.Defaults()
+	return s.Tunables()
+}
+
+func TestTunablesValidate(t *testing.T) {
+	tests := []struct {
+		name       string
+		edit       func(tu *Tunables)
+		wantPrefix string // "" means valid
+	}{
+		// The defaults are valid.
+		{name: "defaults", edit: func(*Tunables) {}},
+		// Zero tunables (Defaults not run) are not: the first field is named.
+		{name: "zero", edit: func(tu *Tunables) { *tu = Tunables{} }, wantPrefix: "selection.cellPreference:"},
+		// onlySpecified needs cells.
+		{name: "onlySpecified without cells", edit: func(tu *Tunables) { tu.Selection.CellPreference = "onlySpecified" },
+			wantPrefix: "selection.cells:"},
+		// onlySpecified with cells is fine.
+		{name: "onlySpecified with cells", edit: func(tu *Tunables) {
+			tu.Selection.CellPreference = "onlySpecified"
+			tu.Selection.Cells = []string{"zone1"}
+		}},
+		// A repeated cell further down the list is named by index.
+		{name: "repeated cell", edit: func(tu *Tunables) { tu.Selection.Cells = []string{"zone1", "zone2", "zone1"} },
+			wantPrefix: "selection.cells[2]:"},
+		// An empty tablet type list is allowed here (all types).
+		{name: "no tablet types", edit: func(tu *Tunables) { tu.Selection.TabletTypes = nil }},
+		// A duplicate tablet type.
+		{name: "duplicate tablet type", edit: func(tu *Tunables) { tu.Selection.TabletTypes = []string{"RDONLY", "PRIMARY", "RDONLY"} },
+			wantPrefix: "selection.tabletTypes[2]:"},
+		// Zero maxLag means no limit here.
+		{name: "zero maxLag", edit: func(tu *Tunables) { tu.Selection.MaxLag = 0 }},
+		// A zero first interval.
+		{name: "zero initialInterval", edit: func(tu *Tunables) { tu.Retry.InitialInterval = 0 }, wantPrefix: "retry.initialInterval:"},
+		// NaN can't come from JSON but can from Go; it is rejected.
+		{name: "NaN backoffCoefficient", edit: func(tu *Tunables) { tu.Retry.BackoffCoefficient = math.NaN() }, wantPrefix: "retry.backoffCoefficient:"},
+		// So is infinity.
+		{name: "infinite backoffCoefficient", edit: func(tu *Tunables) { tu.Retry.BackoffCoefficient = math.Inf(1) }, wantPrefix: "retry.backoffCoefficient:"},
+		// Just below 1.
+		{name: "backoffCoefficient 0.999", edit: func(tu *Tunables) { tu.Retry.BackoffCoefficient = 0.999 }, wantPrefix: "retry.backoffCoefficient:"},
+		// The cap one nanosecond below the first interval.
+		{name: "maximumInterval just below initialInterval", edit: func(tu *Tunables) {
+			tu.Retry.InitialInterval = Duration(time.Second)
+			tu.Retry.MaximumInterval = Duration(time.Second - 1)
+		}, wantPrefix: "retry.maximumInterval:"},
+		// 0 attempts: no limit.
+		{name: "unlimited attempts", edit: func(tu *Tunables) { tu.Retry.MaximumAttempts = ptr[int32](0) }},
+		// A zero auto-exclusion TTL would exclude nothing.
+		{name: "zero autoExcludeTTL", edit: func(tu *Tunables) { tu.AutoExcludeTTL = 0 }, wantPrefix: "autoExcludeTTL:"},
+		// Zero records per batch.
+		{name: "zero maxRecords", edit: func(tu *Tunables) { tu.Batch.MaxRecords = 0 }, wantPrefix: "batch.maxRecords:"},
+		// One record per batch is the smallest.
+		{name: "one record per batch", edit: func(tu *Tunables) { tu.Batch.MaxRecords = 1 }},
+		// A zero long-poll (return at once) is allowed.
+		{name: "zero maxWait", edit: func(tu *Tunables) { tu.Batch.MaxWait = 0 }},
+		// One nanosecond over a minute.
+		{name: "maxWait just over limit", edit: func(tu *Tunables) {
+			tu.Batch.MaxWait = Duration(MaxBatchWait + 1)
+			tu.Run.HeartbeatTimeout = Duration(time.Hour)
+		}, wantPrefix: "batch.maxWait:"},
+		// A zero run.
+		{name: "zero run duration", edit: func(tu *Tunables) { tu.Run.Duration = 0 }, wantPrefix: "run.duration:"},
+		// A heartbeat timeout one nanosecond short of twice maxWait.
+		{name: "heartbeatTimeout just below twice maxWait", edit: func(tu *Tunables) {
+			tu.Batch.MaxWait = Duration(5 * time.Second)
+			tu.Run.HeartbeatTimeout = Duration(10*time.Second - 1)
+		}, wantPrefix: "run.heartbeatTimeout:"},
+		// Exactly twice maxWait.
+		{name: "heartbeatTimeout twice maxWait", edit: func(tu *Tunables) {
+			tu.Batch.MaxWait = Duration(5 * time.Second)
+			tu.Run.HeartbeatTimeout = Duration(10 * time.Second)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tu := validTunables()
+			tt.edit(&tu)
+			err := tu.Validate()
+			if tt.wantPrefix == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			require.Equal(t, strings.TrimSuffix(tt.wantPrefix, ":"), fe.Field)
+		})
+	}
+}
+
+func TestTunablesDecodeStrictly(t *testing.T) {
+	// The configure update's payload decodes with the same strictness.
+	tests := []struct {
+		name       string
+		in         string
+		wantPrefix string // "" means it decodes
+	}{
+		// A known block.
+		{name: "batch", in: `{"batch": {"maxRecords": 10}}`},
+		// A field of the stream that is not tunable.
+		{name: "source is not tunable", in: `{"source": {"kind": "tabletd"}}`, wantPrefix: "source: unknown field"},
+		// A typo in a nested block.
+		{name: "typo", in: `{"run": {"heartbeatTimout": "10s"}}`, wantPrefix: "run.heartbeatTimout: unknown field"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var tu Tunables
+			err := DecodeStrict([]byte(tt.in), &tu)
+			if tt.wantPrefix == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
+		})
+	}
+}
+
+func TestExclusionValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		e       Exclusion
+		field   string
+		wantErr string // "" means valid; else the whole message
+	}{
+		// A Vitess-style alias.
+		{name: "cell and uid", e: Exclusion{Alias: "zone1-0000000101"}, field: "exclude[0]"},
+		// Cell names may hold dots and underscores.
+		{name: "dotted cell", e: Exclusion{Alias: "us_east.1a-7", Tablet: "t-0003", Reason: "x", TTL: Duration(time.Hour)}, field: "exclude[0]"},
+		// A zero TTL means until lifted.
+		{name: "zero ttl", e: Exclusion{Alias: "zone1-1", TTL: 0}, field: "exclude[0]"},
+		// The alias is required; the field prefix is the caller's.
+		{name: "empty alias", e: Exclusion{}, field: "exclude[3]", wantErr: "exclude[3].alias: must not be empty"},
+		// A cell without uid.
+		{name: "no uid", e: Exclusion{Alias: "zone1"}, field: "exclude[0]", wantErr: `exclude[0].alias: "zone1": want <cell>-<uid>`},
+		// A uid that is not a number.
+		{name: "letters in uid", e: Exclusion{Alias: "zone1-abc"}, field: "exclude[0]", wantErr: `exclude[0].alias: "zone1-abc": want <cell>-<uid>`},
+		// A uid without cell.
+		{name: "no cell", e: Exclusion{Alias: "-101"}, field: "exclude[0]", wantErr: `exclude[0].alias: "-101": want <cell>-<uid>`},
+		// Surrounding spaces are not trimmed.
+		{name: "spaces", e: Exclusion{Alias: " zone1-101"}, field: "exclude[0]", wantErr: `exclude[0].alias: " zone1-101": want <cell>-<uid>`},
+		// A negative TTL.
+		{name: "negative ttl", e: Exclusion{Alias: "zone1-1", TTL: Duration(-time.Second)}, field: "exclude[1]", wantErr: "exclude[1].ttl: must not be negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.e.Validate(tt.field)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.EqualError(t, err, tt.wantErr)
+		})
+	}
+}

@@ -1,0 +1,284 @@
+package workflows
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// operatorCommand decodes, validates and (when apply is set) carries out
+// one operator command. Validation never changes state, so the same
+// function serves an update's validator, its handler, and the signal.
+type operatorCommand func(s *stream, ctx workflow.Context, raw json.RawMessage, apply bool) error
+
+var operatorCommands = map[string]operatorCommand{
+	CmdExclude:   (*stream).exclude,
+	CmdInclude:   (*stream).include,
+	CmdPause:     pauseResume(CmdPause),
+	CmdResume:    pauseResume(CmdResume),
+	CmdRetry:     (*stream).retry,
+	CmdStop:      (*stream).stopStream,
+	CmdConfigure: (*stream).configure,
+}
+
+// registerOperatorCommands sets an update handler (with its validator) for
+// every command, and returns the signal channels of the signal commands.
+func (s *stream) registerOperatorCommands(ctx workflow.Context) (map[string]workflow.ReceiveChannel, error) {
+	signals := map[string]workflow.ReceiveChannel{}
+	for _, name := range append(slices.Clone(SignalCommands), CmdConfigure) {
+		cmd := operatorCommands[name]
+		err := workflow.SetUpdateHandlerWithOptions(ctx, name,
+			func(ctx workflow.Context, raw json.RawMessage) error { return cmd(s, ctx, raw, true) },
+			workflow.UpdateHandlerOptions{
+				Validator:   func(ctx workflow.Context, raw json.RawMessage) error { return cmd(s, ctx, raw, false) },
+				Description: "operator command " + name + " (also a signal, except configure)",
+			})
+		if err != nil {
+			return nil, err
+		}
+		if name != CmdConfigure {
+			signals[name] = workflow.GetSignalChannel(ctx, name)
+		}
+	}
+	return signals, nil
+}
+
+// onSignal carries out a signalled command; a bad payload is rejected:
+// logged and shown in the status, never a failed workflow.
+func (s *stream) onSignal(ctx workflow.Context, name string, raw json.RawMessage) {
+	if err := operatorCommands[name](s, ctx, raw, false); err != nil {
+		s.reject(ctx, name, err.Error())
+		return
+	}
+	if err := operatorCommands[name](s, ctx, raw, true); err != nil {
+		s.reject(ctx, name, err.Error())
+	}
+}
+
+func decodeCommand(raw json.RawMessage, v any) error {
+	if len(raw) == 0 {
+		raw = json.RawMessage("{}") // the CLI's signal without --input
+	}
+	return config.DecodeStrict(raw, v)
+}
+
+func (s *stream) exclude(ctx workflow.Context, raw json.RawMessage, apply bool) error {
+	var req ExcludeRequest
+	if err := decodeCommand(raw, &req); err != nil {
+		return err
+	}
+	if err := validateAliases(req.Aliases, s.st.Aliases); err != nil {
+		return err
+	}
+	if req.Tablet != "" && s.st.Tablets[req.Tablet] == nil {
+		return fmt.Errorf("tablet: unknown tablet %q", req.Tablet)
+	}
+	if req.TTL < 0 {
+		return fmt.Errorf("ttl: must not be negative")
+	}
+	if !apply {
+		return nil
+	}
+	reason := req.Reason
+	if reason == "" {
+		reason = "excluded by the operator"
+	}
+	expires := expiry(workflow.Now(ctx), req.TTL)
+	for _, alias := range req.Aliases {
+		s.st.Exclude = slices.DeleteFunc(s.st.Exclude, func(e config.Exclusion) bool { return e.Alias == alias && e.Tablet == req.Tablet })
+		s.st.Exclude = append(s.st.Exclude, config.Exclusion{Alias: alias, Tablet: req.Tablet, Reason: reason, TTL: req.TTL, Expires: expires})
+	}
+	s.log.Info("replicas excluded", "aliases", req.Aliases, "tablet", req.Tablet, "reason", reason)
+	// No fan-out: the picker reads the list, and each worker's exclusion
+	// watcher moves running reads off these replicas.
+	return nil
+}
+
+func (s *stream) include(ctx workflow.Context, raw json.RawMessage, apply bool) error {
+	var req IncludeRequest
+	if err := decodeCommand(raw, &req); err != nil {
+		return err
+	}
+	if err := validateAliases(req.Aliases, s.st.Aliases); err != nil {
+		return err
+	}
+	if !apply {
+		return nil
+	}
+	s.st.Exclude = slices.DeleteFunc(s.st.Exclude, func(e config.Exclusion) bool { return slices.Contains(req.Aliases, e.Alias) })
+	// Tablets holding automatic entries for the aliases drop them; tablets
+	// waiting for an eligible replica look again.
+	var ids []string
+	for _, id := range s.tabletIDs() {
+		t := s.st.Tablets[id]
+		if t.State == NoEligibleReplica || slices.ContainsFunc(t.Excluded, func(e config.Exclusion) bool { return slices.Contains(req.Aliases, e.Alias) }) {
+			ids = append(ids, id)
+		}
+	}
+	s.tell(ctx, ids, TabletCommand{Kind: CmdInclude, Aliases: req.Aliases})
+	return nil
+}
+
+func pauseResume(kind string) operatorCommand {
+	return func(s *stream, ctx workflow.Context, raw json.RawMessage, apply bool) error {
+		var req TabletsRequest
+		if err := decodeCommand(raw, &req); err != nil {
+			return err
+		}
+		if err := validateTablets(req.Tablets, s.st.Tablets); err != nil {
+			return err
+		}
+		if !apply {
+			return nil
+		}
+		ids := req.Tablets
+		if len(ids) == 0 {
+			ids = s.live()
+		}
+		s.tell(ctx, ids, TabletCommand{Kind: kind})
+		return nil
+	}
+}
+
+func (s *stream) retry(ctx workflow.Context, raw json.RawMessage, apply bool) error {
+	var req TabletsRequest
+	if err := decodeCommand(raw, &req); err != nil {
+		return err
+	}
+	if err := validateTablets(req.Tablets, s.st.Tablets); err != nil {
+		return err
+	}
+	for _, id := range req.Tablets {
+		if st := s.st.Tablets[id].State; st != Failed {
+			return fmt.Errorf("tablets: %s is %s; retry restarts Failed tablets", id, st)
+		}
+	}
+	if !apply {
+		return nil
+	}
+	ids := req.Tablets
+	if len(ids) == 0 {
+		for _, id := range s.tabletIDs() {
+			if s.st.Tablets[id].State == Failed {
+				ids = append(ids, id)
+			}
+		}
+	}
+	// A Failed tablet's workflow has ended; a new one resumes from its
+	// checkpoint (and the sink's, whichever is later).
+	for _, id := range ids {
+		cp, _ := source.ParseCheckpoint(s.st.Tablets[id].Checkpoint)
+		delete(s.st.Tablets, id)
+		s.startTablets(ctx, []string{id}, cp)
+	}
+	return nil
+}
+
+func (s *stream) stopStream(ctx workflow.Context, raw json.RawMessage, apply bool) error {
+	var req StopRequest
+	if err := decodeCommand(raw, &req); err != nil {
+		return err
+	}
+	if s.st.Stop != nil {
+		return fmt.Errorf("the stream is already stopping")
+	}
+	if !apply {
+		return nil
+	}
+	s.st.Stop = &req
+	s.tell(ctx, s.live(), TabletCommand{Kind: CmdStop})
+	return nil
+}
+
+func (s *stream) configure(ctx workflow.Context, raw json.RawMessage, apply bool) error {
+	t := s.cfg.Tunables()
+	if err := decodeCommand(raw, &t); err != nil {
+		return err
+	}
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	if !apply {
+		return nil
+	}
+	s.st.Tunables = &t
+	s.applyTunables()
+	s.tell(ctx, s.live(), TabletCommand{Kind: CmdConfigure, Tunables: &t})
+	return nil
+}
+
+// applyTunables puts the operator's configure on top of the config.
+func (s *stream) applyTunables() {
+	if t := s.st.Tunables; t != nil {
+		s.cfg.Selection, s.cfg.Retry, s.cfg.AutoExcludeTTL, s.cfg.Batch, s.cfg.Run = t.Selection, t.Retry, t.AutoExcludeTTL, t.Batch, t.Run
+	}
+}
+
+// terminal states: the tablet's workflow has ended.
+func terminal(st State) bool {
+	return st == Split || st == Expired || st == Failed || st == Stopped
+}
+
+// live returns the tablets whose workflows run, sorted.
+func (s *stream) live() []string {
+	var ids []string
+	for _, id := range s.tabletIDs() {
+		if !terminal(s.st.Tablets[id].State) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (s *stream) tabletIDs() []string {
+	ids := make([]string, 0, len(s.st.Tablets))
+	for id := range s.st.Tablets {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// tell signals a command to tablets; a tablet whose workflow has closed is
+// skipped (its last report says why).
+func (s *stream) tell(ctx workflow.Context, ids []string, cmd TabletCommand) {
+	futs := make([]workflow.Future, 0, len(ids))
+	for _, id := range ids {
+		futs = append(futs, workflow.SignalExternalWorkflow(ctx, TabletWorkflowID(s.id, id), "", SignalTabletCommand, cmd))
+	}
+	for i, f := range futs {
+		if err := f.Get(ctx, nil); err != nil {
+			s.log.Warn("tablet command not delivered", "tablet", ids[i], "command", cmd.Kind, "error", err)
+		}
+	}
+}
+
+// nextExpiry is when the next operator exclusion ends (zero: none).
+func (s *stream) nextExpiry(now time.Time) time.Time {
+	var next time.Time
+	for _, e := range s.st.Exclude {
+		if !e.Expires.IsZero() && e.Expires.After(now) && (next.IsZero() || e.Expires.Before(next)) {
+			next = e.Expires
+		}
+	}
+	return next
+}
+
+// onExpiry drops ended exclusions and lets waiting tablets look again.
+func (s *stream) onExpiry(ctx workflow.Context) {
+	now := workflow.Now(ctx)
+	s.st.Exclude = slices.DeleteFunc(s.st.Exclude, func(e config.Exclusion) bool { return !e.Expires.IsZero() && !now.Before(e.Expires) })
+	var waiting []string
+	for _, id := range s.tabletIDs() {
+		if s.st.Tablets[id].State == NoEligibleReplica {
+			waiting = append(waiting, id)
+		}
+	}
+	s.tell(ctx, waiting, TabletCommand{Kind: "recheck"})
+}
