@@ -63,7 +63,8 @@ demo: build $(BIN)/temporal ## Temporal dev server + Web UI, tabletd, worker and
 	demo/demo.sh
 
 stop: ## stop what `make demo` started, by recorded process IDs
-	@for f in $(DATA)/*.pid; do \
+	@for name in worker tabletd temporal; do \
+		f=$(DATA)/$$name.pid; \
 		[ -f "$$f" ] || continue; pid=$$(cat "$$f"); \
 		if kill -0 "$$pid" 2>/dev/null; then kill "$$pid" && echo "stopped $$(basename "$$f" .pid) (pid $$pid)"; \
 			for i in $$(seq 100); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; fi; \

@@ -333,6 +333,9 @@ func (s *stream) status(now time.Time) StreamStatus {
 	}
 	for _, id := range s.tabletIDs() {
 		t := *s.st.Tablets[id]
+		if t.Excluded == nil {
+			t.Excluded = []config.Exclusion{}
+		}
 		if t.State == Paused && !t.PausedAt.IsZero() && s.st.Retention > 0 {
 			t.RetentionLeft = retentionLeft(s.st.Retention, t.PausedAt, now).Round(time.Second).String()
 		}
