@@ -118,6 +118,9 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 		if errors.Is(err, picker.ErrNoEligibleReplica) {
 			return Selection{}, temporal.NewNonRetryableApplicationError(err.Error(), ErrNoEligibleReplica, err)
 		}
+		if err == nil {
+			a.Metrics.Selected(in.Stream, r.Cell)
+		}
 		return Selection{Replica: r, Candidates: len(cands)}, err
 	}
 	return Selection{}, fatalf("tablet %s: %v", in.Tablet, source.ErrUnknownTablet)

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/metrics"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/source"
 )
@@ -33,6 +34,8 @@ type Activities struct {
 	Logger    *zap.Logger
 	// Watcher stops a GetChanges whose replica the operator excluded.
 	Watcher *Watcher
+	// Metrics, if set, records what the activities do.
+	Metrics *metrics.Metrics
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -55,6 +58,9 @@ type GetChangesInput struct {
 	Batch      config.Batch      `json:"batch"`
 	// RunFor bounds the run; it returns after about this long.
 	RunFor config.Duration `json:"runFor"`
+	// Retention is the source's retention, for the headroom metric (0:
+	// unknown).
+	Retention time.Duration `json:"retention,omitempty"`
 }
 
 // GetChangesResult is where a run got to. Records never travel here.
@@ -76,6 +82,8 @@ type Heartbeat struct {
 	Records    int64             `json:"records"`
 	Batches    int64             `json:"batches"`
 	LastError  string            `json:"lastError,omitempty"`
+	// LastSuccess is when a poll last succeeded, for retention headroom.
+	LastSuccess time.Time `json:"lastSuccess,omitzero"`
 }
 
 // Progress is the SignalProgress payload.
@@ -108,10 +116,21 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		_ = activity.GetHeartbeatDetails(ctx, &hb)
 	}
 	res := GetChangesResult{Checkpoint: source.Max(in.Checkpoint, hb.Checkpoint)}
+	lastSuccess := hb.LastSuccess
+	if lastSuccess.IsZero() {
+		lastSuccess = a.now()
+	}
 	fail := func(err error) (GetChangesResult, error) {
 		// Recorded so the next attempt can report why this one failed.
-		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: hb.Records, Batches: hb.Batches, LastError: err.Error()})
+		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: hb.Records + res.Records,
+			Batches: hb.Batches + res.Batches, LastError: err.Error(), LastSuccess: lastSuccess})
 		return res, err
+	}
+	headroom := func() time.Duration {
+		if in.Retention <= 0 {
+			return 0
+		}
+		return in.Retention - a.now().Sub(lastSuccess)
 	}
 
 	src, err := a.Resources.Source(in.Source)
@@ -161,6 +180,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		}
 		if e, ok := a.Watcher.Excluded(in.Stream, in.Tablet, in.Replica.Alias, a.now()); ok {
 			res.Stopped = "replica excluded: " + e.Reason
+			a.Metrics.Excluded(in.Stream, in.Tablet, "operator")
 			log.Info("replica excluded by the operator; stopping to re-select", zap.String("reason", e.Reason))
 			return res, nil
 		}
@@ -177,8 +197,12 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			}
 			c := src.Classify(err)
 			log.Warn("get changes failed", zap.Error(err), zap.String("action", c.Action.String()))
-			if c.Action == source.RetrySame {
+			switch c.Action {
+			case source.RetrySame:
+				a.Metrics.Retry(in.Stream, in.Tablet, c.Reason, headroom())
 				return fail(err)
+			case source.RetryElsewhere:
+				a.Metrics.Excluded(in.Stream, in.Tablet, "automatic")
 			}
 			return res, typed(c, err, in.Replica.Alias, res.Checkpoint)
 		}
@@ -198,7 +222,10 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		if !batch.CaughtUp && len(batch.Records) > 0 {
 			res.LagSeconds = a.now().Sub(batch.Records[len(batch.Records)-1].CommitTime).Seconds()
 		}
-		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: hb.Records + res.Records, Batches: hb.Batches + res.Batches})
+		lastSuccess = a.now()
+		a.Metrics.Batch(in.Stream, in.Tablet, len(batch.Records), lastSuccess.Sub(began), res.LagSeconds, headroom())
+		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: hb.Records + res.Records,
+			Batches: hb.Batches + res.Batches, LastSuccess: lastSuccess})
 		if !recovered {
 			recovered = true
 			a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: in.Replica.Alias})

@@ -191,6 +191,8 @@ type env struct {
 	temporal  client.Client
 	workers   []*proc
 	logs      []*proc
+	// metrics is the last started worker's Prometheus endpoint.
+	metrics string
 }
 
 func newEnv(t *testing.T, tabletdArgs ...string) *env {
@@ -230,8 +232,11 @@ func newEnv(t *testing.T, tabletdArgs ...string) *env {
 func (e *env) startWorker() *proc {
 	e.t.Helper()
 	n := len(e.workers)
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+	e.metrics = "http://" + metricsAddr + "/metrics"
 	p, err := start(filepath.Join(e.dir, fmt.Sprintf("worker-%d.log", n)), filepath.Join(binDir, "worker"),
-		"--address", temporalAddr, "--task-queue", e.taskQueue, "--log-level", "info", "--stop-timeout", "20s")
+		"--address", temporalAddr, "--task-queue", e.taskQueue, "--log-level", "info", "--stop-timeout", "20s",
+		"--metrics-addr", metricsAddr)
 	require.NoError(e.t, err)
 	e.workers = append(e.workers, p)
 	e.logs = append(e.logs, p)

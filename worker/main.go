@@ -9,12 +9,15 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/metrics"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -35,6 +38,8 @@ func run() error {
 		"activities run at once: one long-running GetChanges per tablet this worker serves, plus headroom")
 	stopTimeout := flag.Duration("stop-timeout", 30*time.Second,
 		"on SIGTERM, how long in-flight GetChanges get to commit and return")
+	metricsAddr := flag.String("metrics-addr", "",
+		"serve Prometheus metrics (tabletflow's and the Temporal SDK's) at http://ADDR/metrics; empty: off")
 	flag.Parse()
 
 	logger, err := connect.NewZap(*logLevel, *logFormat)
@@ -45,6 +50,19 @@ func run() error {
 	opts, err := conn.Options(connect.NewZapLogger(logger))
 	if err != nil {
 		return err
+	}
+	var m *metrics.Metrics
+	if *metricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m = metrics.New(reg)
+		opts.MetricsHandler = metrics.NewSDKHandler(reg)
+		addr, stop, err := metrics.Serve(*metricsAddr, reg)
+		if err != nil {
+			return fmt.Errorf("metrics-addr: %w", err)
+		}
+		defer stop()
+		logger.Info("serving metrics", zap.String("url", "http://"+addr+"/metrics"))
 	}
 	c, err := client.Dial(opts)
 	if err != nil {
@@ -66,7 +84,7 @@ func run() error {
 	})
 	w.RegisterWorkflow(workflows.StreamWorkflow)
 	w.RegisterWorkflow(workflows.TabletWorkflow)
-	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger,
+	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger, Metrics: m,
 		Watcher: &activities.Watcher{Client: c, Interval: time.Second, Logger: logger}})
 	logger.Info("worker starting", zap.String("address", opts.HostPort), zap.String("namespace", opts.Namespace),
 		zap.String("taskQueue", *taskQueue), zap.Int("maxConcurrentActivities", *maxActivities))

@@ -238,6 +238,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	fut := workflow.ExecuteActivity(actx, a.GetChanges, activities.GetChangesInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
 		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Batch: cfg.Batch, RunFor: cfg.Run.Duration,
+		Retention: t.in.Retention,
 	})
 	// While it runs: the activity says when it retries and recovers; an
 	// operator's pause or stop cancels it (it returns at a batch boundary,

@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/proto/sourcepb"
+)
+
+// scrape reads the worker's metrics: the sum of each family's samples.
+func scrape(url string) (map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.Metric {
+			switch {
+			case m.Counter != nil:
+				out[name] += m.Counter.GetValue()
+			case m.Gauge != nil:
+				out[name] += m.Gauge.GetValue()
+			case m.Histogram != nil:
+				out[name] += float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return out, nil
+}
+
+func TestWorkerMetricsMoveWhileStreaming(t *testing.T) {
+	e := newEnv(t, "--tablets", "4", "--rate", "200")
+	e.startWorker()
+	out := filepath.Join(e.dir, "out")
+	e.startStream("metrics", e.config(out, nil))
+	e.waitStatus("metrics", "every tablet streaming", time.Minute, allStreaming(4))
+
+	var first map[string]float64
+	e.eventually("records counted", 30*time.Second, func() (bool, string) {
+		m, err := scrape(e.metrics)
+		if err != nil {
+			return false, err.Error()
+		}
+		first = m
+		return m["tabletflow_records_written_total"] > 0, fmt.Sprint(m["tabletflow_records_written_total"])
+	})
+	for _, name := range []string{"tabletflow_batches_written_total", "tabletflow_getchanges_seconds",
+		"tabletflow_selections_total", "tabletflow_retention_headroom_seconds", "tabletflow_lag_seconds"} {
+		_, ok := first[name]
+		require.True(t, ok, "metric %s exported", name)
+	}
+	require.Positive(t, first["tabletflow_selections_total"])
+	require.Positive(t, first["tabletflow_retention_headroom_seconds"], "headroom is the retention while polled")
+	sdk := 0
+	for name := range first {
+		if len(name) > 9 && name[:9] == "temporal_" {
+			sdk++
+		}
+	}
+	require.Positive(t, sdk, "the Temporal SDK's metrics are exported too")
+
+	e.eventually("counters move", 30*time.Second, func() (bool, string) {
+		m, err := scrape(e.metrics)
+		if err != nil {
+			return false, err.Error()
+		}
+		return m["tabletflow_records_written_total"] > first["tabletflow_records_written_total"] &&
+				m["tabletflow_batches_written_total"] > first["tabletflow_batches_written_total"],
+			fmt.Sprintf("records %v → %v", first["tabletflow_records_written_total"], m["tabletflow_records_written_total"])
+	})
+
+	// A retried error is counted by code.
+	st, err := e.status("metrics")
+	require.NoError(t, err)
+	r := tabletStatus(st, "t-0001").Replica
+	e.fault(&sourcepb.FaultRequest{Server: r, Tablet: "t-0001", Code: "UNAVAILABLE"})
+	e.eventually("retries counted", 30*time.Second, func() (bool, string) {
+		m, err := scrape(e.metrics)
+		if err != nil {
+			return false, err.Error()
+		}
+		return m["tabletflow_retries_total"] > 0, fmt.Sprint(m["tabletflow_retries_total"])
+	})
+	e.heal(r, "t-0001")
+}

@@ -1,0 +1,111 @@
+// Package metrics is what a worker exposes to Prometheus: tabletflow's own
+// per-stream, per-tablet metrics, and the Temporal SDK's metrics through a
+// handler adapter.
+package metrics
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are tabletflow's own metrics. A nil *Metrics records nothing, so
+// activities need no checks.
+type Metrics struct {
+	Records    *prometheus.CounterVec
+	Batches    *prometheus.CounterVec
+	Lag        *prometheus.GaugeVec
+	Headroom   *prometheus.GaugeVec
+	Retries    *prometheus.CounterVec
+	Exclusions *prometheus.CounterVec
+	Selections *prometheus.CounterVec
+	Latency    *prometheus.HistogramVec
+}
+
+// New registers tabletflow's metrics with reg.
+func New(reg prometheus.Registerer) *Metrics {
+	f := func(c prometheus.Collector) prometheus.Collector { reg.MustRegister(c); return c }
+	st := []string{"stream", "tablet"}
+	return &Metrics{
+		Records: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_records_written_total",
+			Help: "Records written to the sink and committed."}, st)).(*prometheus.CounterVec),
+		Batches: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_batches_written_total",
+			Help: "Batches read from the source (committed when not empty)."}, st)).(*prometheus.CounterVec),
+		Lag: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tabletflow_lag_seconds",
+			Help: "0 when the tablet's last poll was caught up, else now minus the commit time of the newest record written."}, st)).(*prometheus.GaugeVec),
+		Headroom: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tabletflow_retention_headroom_seconds",
+			Help: "Time left before the source expires the tablet for this stream: its retention less the time since the last successful poll."}, st)).(*prometheus.GaugeVec),
+		Retries: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_retries_total",
+			Help: "GetChanges failures retried on the same replica, by error code."}, append(st, "code"))).(*prometheus.CounterVec),
+		Exclusions: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_exclusions_total",
+			Help: "Reads moved off a replica by an exclusion: automatic (retry elsewhere) or operator."}, append(st, "kind"))).(*prometheus.CounterVec),
+		Selections: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_selections_total",
+			Help: "Replicas picked by the tablet picker, by cell."}, []string{"stream", "cell"})).(*prometheus.CounterVec),
+		Latency: f(prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tabletflow_getchanges_seconds",
+			Help:    "Latency of one GetChanges call to the source (including its long-poll wait).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"stream"})).(*prometheus.HistogramVec),
+	}
+}
+
+// Batch records one committed batch.
+func (m *Metrics) Batch(stream, tablet string, records int, took time.Duration, lag float64, headroom time.Duration) {
+	if m == nil {
+		return
+	}
+	m.Records.WithLabelValues(stream, tablet).Add(float64(records))
+	m.Batches.WithLabelValues(stream, tablet).Inc()
+	m.Lag.WithLabelValues(stream, tablet).Set(lag)
+	m.Latency.WithLabelValues(stream).Observe(took.Seconds())
+	if headroom > 0 {
+		m.Headroom.WithLabelValues(stream, tablet).Set(headroom.Seconds())
+	}
+}
+
+// Retry records a retry-same failure, and the retention left since the
+// last successful poll.
+func (m *Metrics) Retry(stream, tablet, code string, headroom time.Duration) {
+	if m == nil {
+		return
+	}
+	m.Retries.WithLabelValues(stream, tablet, code).Inc()
+	if headroom != 0 {
+		m.Headroom.WithLabelValues(stream, tablet).Set(headroom.Seconds())
+	}
+}
+
+// Excluded records a read moved off a replica; kind is "automatic" or
+// "operator".
+func (m *Metrics) Excluded(stream, tablet, kind string) {
+	if m != nil {
+		m.Exclusions.WithLabelValues(stream, tablet, kind).Inc()
+	}
+}
+
+// Selected records a pick.
+func (m *Metrics) Selected(stream, cell string) {
+	if m != nil {
+		m.Selections.WithLabelValues(stream, cell).Inc()
+	}
+}
+
+// Serve serves reg's metrics on addr at /metrics until the listener
+// closes; it returns the bound address (addr may end in :0).
+func Serve(addr string, reg *prometheus.Registry) (string, func() error, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			_ = err // the worker goes on without metrics
+		}
+	}()
+	return lis.Addr().String(), srv.Close, nil
+}
