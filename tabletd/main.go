@@ -68,6 +68,7 @@ func serve(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tabletd serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", def.Listen, "topology and admin address; tablet servers listen on free ports of the same host")
+	advertise := fs.String("advertise-host", "", "host the topology reports for tablet servers (default: the --listen host)")
 	keyspace := fs.String("keyspace", def.Keyspace, "keyspace name")
 	cells := fs.String("cells", strings.Join(def.Cells, ","), "comma-separated cells")
 	spc := fs.Int("servers-per-cell", def.ServersPerCell, "tablet servers per cell")
@@ -97,7 +98,7 @@ func serve(args []string, stderr io.Writer) error {
 	defer func() { _ = logger.Sync() }()
 
 	c, err := cluster.New(cluster.Config{
-		Listen: *listen, Keyspace: *keyspace, Cells: splitList(*cells), ServersPerCell: *spc,
+		Listen: *listen, AdvertiseHost: *advertise, Keyspace: *keyspace, Cells: splitList(*cells), ServersPerCell: *spc,
 		Tablets: *tablets, Replicas: *replicas, Rate: *rate, Lag: *lag, Retention: *retention,
 		Seed: *seed, Logger: logger,
 	})

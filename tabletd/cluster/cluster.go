@@ -25,8 +25,12 @@ import (
 
 // Config sizes a cluster. Zero fields take the defaults in DefaultConfig.
 type Config struct {
-	// Listen is the topology and admin address.
-	Listen         string
+	// Listen is the topology and admin address. Tablet servers listen on
+	// free ports of the same host.
+	Listen string
+	// AdvertiseHost, if set, is the host the topology reports for tablet
+	// servers (e.g. a container's name when Listen is 0.0.0.0).
+	AdvertiseHost  string
 	Keyspace       string
 	Cells          []string
 	ServersPerCell int
@@ -284,7 +288,7 @@ func (c *Cluster) ServerAddr(alias string) string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if ts := c.byAlias[alias]; ts != nil {
-		return ts.addr
+		return ts.advertised
 	}
 	return ""
 }

@@ -21,10 +21,13 @@ type tabletServer struct {
 	alias   string
 	cell    string
 
-	mu     sync.Mutex
-	addr   string // fixed after the first listen, so a server comes back where it was
-	srv    *grpc.Server
-	isDown bool
+	mu   sync.Mutex
+	addr string // fixed after the first listen, so a server comes back where it was
+	// advertised is the address the topology reports: addr, or with
+	// Config.AdvertiseHost, that host and addr's port.
+	advertised string
+	srv        *grpc.Server
+	isDown     bool
 	// faults holds the server-wide fault under "" and per-tablet ones under
 	// the tablet ID.
 	faults map[string]*fault
@@ -56,6 +59,11 @@ func (ts *tabletServer) up(addr string) error {
 		return fmt.Errorf("tablet server %s: listen %s: %w", ts.alias, addr, err)
 	}
 	ts.addr = lis.Addr().String()
+	ts.advertised = ts.addr
+	if h := ts.cluster.cfg.AdvertiseHost; h != "" {
+		_, port, _ := net.SplitHostPort(ts.addr)
+		ts.advertised = net.JoinHostPort(h, port)
+	}
 	ts.srv = grpc.NewServer()
 	ts.isDown = false
 	sourcepb.RegisterTabletServerServer(ts.srv, &tabletService{ts: ts})

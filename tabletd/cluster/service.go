@@ -79,7 +79,7 @@ func (c *Cluster) describeTablet(t *tablet) *sourcepb.Tablet {
 		serving, healthy, _ := p.server.health(t.id)
 		lag := l.lagOf(l.applied(c.replicaLag(t, p), now), now)
 		p.server.mu.Lock()
-		addr := p.server.addr
+		addr := p.server.advertised
 		p.server.mu.Unlock()
 		out.Replicas = append(out.Replicas, &sourcepb.Replica{
 			Alias:   p.server.alias,
