@@ -3,6 +3,7 @@ module github.com/tabletflow/tabletflow
 go 1.26.8
 
 require (
+	github.com/chromedp/chromedp v0.22.1
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/gofrs/flock v0.13.2
 	github.com/prometheus/client_golang v1.25.0
@@ -20,10 +21,12 @@ require (
 	github.com/BurntSushi/toml v1.4.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/distribution/reference v0.5.0 // indirect
 	github.com/docker/go-connections v0.4.0 // indirect
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/facebookgo/clock v0.0.0-20150410010913-600d898af40a // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang/mock v1.6.0 // indirect

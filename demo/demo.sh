@@ -39,6 +39,8 @@ start temporal "$BIN/temporal" server start-dev --ip 127.0.0.1 --port 7233 --ui-
   --db-filename "$DATA/temporal.db" --log-level warn "${sa[@]}"
 wait_for "the Temporal dev server" "$BIN/temporal" operator cluster health
 
+fresh_tabletd=yes
+running tabletd && fresh_tabletd=no
 start tabletd "$BIN/tabletd" serve --listen 127.0.0.1:15991 --keyspace commerce \
   --cells zone1,zone2,zone3 --servers-per-cell 2 --tablets 8 --replicas 3 \
   --rate 200 --lag 50ms --retention 1h
@@ -46,9 +48,23 @@ wait_for "tabletd" "$BIN/tabletd" ctl --addr 127.0.0.1:15991 list
 
 start worker "$BIN/worker" --log-format json
 
+stream_running() {
+  local out
+  out=$("$BIN/temporal" workflow describe --workflow-id orders -o json 2>/dev/null) || return 1
+  [[ $out == *'"status": "WORKFLOW_EXECUTION_STATUS_RUNNING"'* ]]
+}
+if [ "$fresh_tabletd" = yes ] && stream_running; then
+  # tabletd keeps its data and streams in memory: a restarted one no
+  # longer has the stream the Temporal server remembers. Start over.
+  echo "tabletd was restarted: ending the old stream orders and its tablets, starting a new one"
+  "$BIN/temporal" workflow terminate --query 'TabletflowStream="orders" AND ExecutionStatus="Running"' \
+    --reason "tabletd restarted" --yes >/dev/null
+  for _ in $(seq 50); do stream_running || break; sleep 0.2; done
+  rm -rf "$DATA/out"
+fi
+
 sed "s|@OUT@|$DATA/out|" demo/orders.json >"$DATA/orders.json"
-if "$BIN/temporal" workflow describe --workflow-id orders >/dev/null 2>&1 &&
-   "$BIN/temporal" workflow describe --workflow-id orders -o json 2>/dev/null | grep -q '"status": "WORKFLOW_EXECUTION_STATUS_RUNNING"'; then
+if stream_running; then
   echo "stream orders already running"
 else
   "$BIN/temporal" workflow start --type StreamWorkflow --task-queue tabletflow \

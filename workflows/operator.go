@@ -259,11 +259,13 @@ func (s *stream) tell(ctx workflow.Context, ids []string, cmd TabletCommand) {
 	}
 }
 
-// nextExpiry is when the next operator exclusion ends (zero: none).
-func (s *stream) nextExpiry(now time.Time) time.Time {
+// nextExpiry is when the next operator exclusion ends (zero: none). An
+// entry already past its expiry counts until onExpiry prunes it, so its
+// timer (of zero length) still fires.
+func (s *stream) nextExpiry() time.Time {
 	var next time.Time
 	for _, e := range s.st.Exclude {
-		if !e.Expires.IsZero() && e.Expires.After(now) && (next.IsZero() || e.Expires.Before(next)) {
+		if !e.Expires.IsZero() && (next.IsZero() || e.Expires.Before(next)) {
 			next = e.Expires
 		}
 	}

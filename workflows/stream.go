@@ -3,6 +3,7 @@ package workflows
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -52,6 +53,7 @@ type stream struct {
 	st      *StreamState
 	log     log.Logger
 	reports workflow.ReceiveChannel
+	memo    map[string]int // the tablet-state counts last put in the memo
 }
 
 func (s *stream) run(ctx workflow.Context) error {
@@ -125,7 +127,7 @@ func (s *stream) run(ctx workflow.Context) error {
 					s.onSignal(ctx, name, raw)
 				})
 			}
-			if t := expiry.next(ctx, s.nextExpiry(workflow.Now(ctx))); t != nil {
+			if t := expiry.next(ctx, s.nextExpiry()); t != nil {
 				sel.AddFuture(t, func(workflow.Future) { expiry.fired(); s.onExpiry(ctx) })
 			}
 			sel.Select(ctx)
@@ -156,7 +158,7 @@ func (e *expiryTimer) next(ctx workflow.Context, at time.Time) workflow.Future {
 		e.fired()
 		tctx, cancel := workflow.WithCancel(ctx)
 		e.at, e.cancel = at, cancel
-		e.timer = workflow.NewTimer(tctx, at.Sub(workflow.Now(ctx)))
+		e.timer = workflow.NewTimer(tctx, max(at.Sub(workflow.Now(ctx)), time.Millisecond))
 	}
 	return e.timer
 }
@@ -354,7 +356,9 @@ func (s *stream) reject(ctx workflow.Context, signal, reason string) {
 	}
 }
 
-// details says in words how the stream is doing, for the Web UI.
+// details says in words how the stream is doing, for the Web UI: the
+// current details, and a memo with the count of tablets in each state
+// (updated only when those counts change).
 func (s *stream) details(ctx workflow.Context) {
 	counts := map[State]int{}
 	var records int64
@@ -363,13 +367,21 @@ func (s *stream) details(ctx workflow.Context) {
 		records += t.Records
 	}
 	var parts []string
-	for _, st := range []State{Streaming, Retrying, NoEligibleReplica, Paused, Starting, Split, Expired, Failed} {
+	memo := map[string]int{}
+	for _, st := range []State{Streaming, Retrying, NoEligibleReplica, Paused, Starting, Split, Expired, Failed, Stopped} {
 		if n := counts[st]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, st))
+			memo[string(st)] = n
 		}
 	}
 	workflow.SetCurrentDetails(ctx, fmt.Sprintf("stream **%s**: %d tablets (%s), %d records written",
 		s.id, len(s.st.Tablets), strings.Join(parts, ", "), records))
+	if !maps.Equal(memo, s.memo) {
+		if err := workflow.UpsertMemo(ctx, map[string]any{"tabletStates": memo}); err != nil {
+			s.log.Warn("memo not updated", "error", err)
+		}
+		s.memo = memo
+	}
 }
 
 // expiry turns a TTL into an instant (zero: never).
