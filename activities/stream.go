@@ -81,6 +81,9 @@ type Selection struct {
 	// Candidates is how many replicas were eligible: an automatic exclusion
 	// never removes the last one.
 	Candidates int `json:"candidates"`
+	// Fallback: a better-ranked replica exists but is down, lagging or
+	// excluded; the tablet selects again after each run to return to it.
+	Fallback bool `json:"fallback,omitempty"`
 }
 
 // SelectReplica is the tablet picker: it reads the tablet's replicas from
@@ -121,7 +124,7 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 		if err == nil {
 			a.Metrics.Selected(in.Stream, r.Cell)
 		}
-		return Selection{Replica: r, Candidates: len(cands)}, err
+		return Selection{Replica: r, Candidates: len(cands), Fallback: err == nil && !picker.Preferred(t, opts, r)}, err
 	}
 	return Selection{}, fatalf("tablet %s: %v", in.Tablet, source.ErrUnknownTablet)
 }

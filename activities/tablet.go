@@ -75,6 +75,10 @@ type GetChangesResult struct {
 	Stopped string `json:"stopped"`
 }
 
+// StoppedRunEnded is GetChangesResult.Stopped for a run that used up its
+// time: the replica is fine to keep reading.
+const StoppedRunEnded = "run ended"
+
 // Heartbeat is GetChanges' heartbeat detail: enough for the next attempt
 // to resume and to say why the previous one failed.
 type Heartbeat struct {
@@ -175,7 +179,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		default:
 		}
 		if !a.now().Before(deadline) {
-			res.Stopped = "run ended"
+			res.Stopped = StoppedRunEnded
 			return res, nil
 		}
 		if e, ok := a.Watcher.Excluded(in.Stream, in.Tablet, in.Replica.Alias, a.now()); ok {

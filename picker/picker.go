@@ -95,6 +95,22 @@ func Candidates(t source.Tablet, opts Options, exclude []config.Exclusion, now t
 	return cands, rejected
 }
 
+// Preferred reports whether r ranks with the best replicas the tablet has
+// when every replica is up and none is excluded: a pick that is not
+// preferred is a fallback, worth revisiting once the better ones recover.
+func Preferred(t source.Tablet, opts Options, r source.Replica) bool {
+	best := rank(r, opts)
+	for _, o := range t.Replicas {
+		if len(opts.Types) > 0 && !slices.Contains(opts.Types, o.Type) || opts.OnlySpecified && !slices.Contains(opts.Cells, o.Cell) {
+			continue
+		}
+		if k := rank(o, opts); k[0] < best[0] || (k[0] == best[0] && k[1] < best[1]) {
+			return false
+		}
+	}
+	return true
+}
+
 // skip returns why a replica is not a candidate, or "".
 func skip(r source.Replica, tablet string, opts Options, exclude []config.Exclusion, now time.Time) string {
 	switch {

@@ -573,3 +573,29 @@ func TestFromConfigOfDecodedDefaultsPicksLikeTheDesign(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "zone1-0000000102", r.Alias)
 }
+
+func TestPreferredTellsAFallbackPickFromABestOne(t *testing.T) {
+	tab := source.Tablet{ID: "t-0001", Replicas: []source.Replica{
+		{Alias: "zone1-0000000101", Cell: "zone1", Type: source.TypeReplica, Serving: true, Healthy: false},
+		{Alias: "zone2-0000000201", Cell: "zone2", Type: source.TypeReplica, Serving: true, Healthy: true},
+		{Alias: "zone1-0000000102", Cell: "zone1", Type: source.TypePrimary, Serving: true, Healthy: true},
+	}}
+	opts := Options{Cells: []string{"zone1"}, Types: []source.TabletType{source.TypeReplica, source.TypePrimary}}
+	tests := []struct {
+		name  string
+		pick  int
+		wantP bool
+	}{
+		// The local REPLICA ranks best, healthy or not.
+		{"the best rank", 0, true},
+		// Another cell's replica is a fallback while the local cell has one.
+		{"another cell", 1, false},
+		// The local PRIMARY is below the local REPLICA in type order.
+		{"a worse type", 2, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.wantP, Preferred(tab, opts, tab.Replicas[tt.pick]))
+		})
+	}
+}

@@ -58,6 +58,11 @@ type tablet struct {
 	backoff  time.Duration
 	// What the operator asked, applied at the next batch boundary.
 	pause, stop bool
+	// current is the replica being read. A run that simply ended keeps it
+	// (no selection between runs) unless it was a fallback pick; any error,
+	// an exclusion, a pause or a stop clears it so the next run selects
+	// again.
+	current *activities.Selection
 }
 
 func (t *tablet) run(ctx workflow.Context) error {
@@ -82,17 +87,20 @@ func (t *tablet) run(ctx workflow.Context) error {
 			}
 			continue
 		}
-		sel, err := t.selectReplica(ctx)
-		if err != nil {
-			if errors.Is(err, errStreamGone) {
-				return err
+		if t.current == nil {
+			sel, err := t.selectReplica(ctx)
+			if err != nil {
+				if errors.Is(err, errStreamGone) {
+					return err
+				}
+				if err := t.wait(ctx); err != nil {
+					return err
+				}
+				continue
 			}
-			if err := t.wait(ctx); err != nil {
-				return err
-			}
-			continue
+			t.current = &sel
 		}
-		done, err := t.getChanges(ctx, sel)
+		done, err := t.getChanges(ctx, *t.current)
 		if err != nil || done {
 			return err
 		}
@@ -274,6 +282,9 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	}
 	var res activities.GetChangesResult
 	runErr := fut.Get(ctx, &res)
+	if runErr != nil || cancelled || res.Stopped != activities.StoppedRunEnded || sel.Fallback {
+		t.current = nil
+	}
 	if runErr == nil || (cancelled && temporal.IsCanceledError(runErr)) {
 		t.backoff = 0
 		t.advance(res.Checkpoint)

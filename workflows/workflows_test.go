@@ -158,16 +158,17 @@ func TestStreamContinuesAsNewCarryingItsState(t *testing.T) {
 	require.Contains(t, st.Tablets, "t-0002")
 }
 
-func TestTabletKeepsItsCheckpointAcrossRunsAndReportsIt(t *testing.T) {
+func TestTabletKeepsItsCheckpointAndReplicaAcrossRunsAndReportsIt(t *testing.T) {
 	env := newEnv(t)
-	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 2}, nil)
+	// A run that simply ended keeps its replica: one selection for all runs.
+	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 2}, nil).Once()
 	var calls []activities.GetChangesInput
 	next := uint64(0)
 	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
 			calls = append(calls, in)
 			next += 10
-			return activities.GetChangesResult{Checkpoint: cp(next), Records: 10, Batches: 1}, nil
+			return activities.GetChangesResult{Checkpoint: cp(next), Records: 10, Batches: 1, Stopped: activities.StoppedRunEnded}, nil
 		}).After(time.Minute)
 	var reports []TabletStatus
 	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(
