@@ -19,7 +19,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/enums/v1"
+	historypb "go.temporal.io/api/history/v1"
 	"go.temporal.io/sdk/client"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -424,3 +427,25 @@ func (quiet) Debug(string, ...any) {}
 func (quiet) Info(string, ...any)  {}
 func (quiet) Warn(string, ...any)  {}
 func (quiet) Error(string, ...any) {}
+
+// recordHistory writes a workflow run's history as JSON (the format of
+// `temporal workflow show -o json`) into $TABLETFLOW_RECORD_HISTORIES, for
+// the replay tests in workflows/testdata. Without the variable it does
+// nothing.
+func (e *env) recordHistory(workflowID, runID, name string) {
+	e.t.Helper()
+	dir := os.Getenv("TABLETFLOW_RECORD_HISTORIES")
+	if dir == "" {
+		return
+	}
+	it := e.temporal.GetWorkflowHistory(context.Background(), workflowID, runID, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	h := &historypb.History{}
+	for it.HasNext() {
+		ev, err := it.Next()
+		require.NoError(e.t, err)
+		h.Events = append(h.Events, ev)
+	}
+	b, err := protojson.MarshalOptions{Indent: "  "}.Marshal(h)
+	require.NoError(e.t, err)
+	require.NoError(e.t, os.WriteFile(filepath.Join(dir, name+".json"), b, 0o644))
+}

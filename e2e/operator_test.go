@@ -118,6 +118,12 @@ func TestPositionMismatchMovesTheTabletToAnotherReplica(t *testing.T) {
 	e.heal(local, "t-0001")
 	e.workload(sourcepb.WorkloadRequest_STOP)
 	e.requireExact("mismatch", out, 2*time.Minute)
+	e.signal("mismatch", "stop", `{}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, e.temporal.GetWorkflow(ctx, "mismatch", "").Get(ctx, nil))
+	e.recordHistory(workflows.TabletWorkflowID("mismatch", "t-0001"), "", "tablet-retry-elsewhere")
+	e.recordHistory(workflows.TabletWorkflowID("mismatch", "t-0002"), "", "tablet-retry-same")
 }
 
 // c. An operator excludes a replica with the Temporal CLI: every tablet on
@@ -359,6 +365,7 @@ func TestContinueAsNewKeepsExclusionsAndPausedTablets(t *testing.T) {
 	require.Equal(t, workflows.Paused, tabletStatus(after, "t-0004").State)
 	require.Equal(t, tabletStatus(before, "t-0004").PausedAt, tabletStatus(after, "t-0004").PausedAt)
 	require.NotEmpty(t, after.Rejected, "the rejected list survives too")
+	e.recordHistory("can", run.GetRunID(), "stream-continued-as-new")
 }
 
 // h. stop with dropSourceStream: every tablet commits and stops, the
@@ -388,4 +395,6 @@ func TestStopWithDropSourceStream(t *testing.T) {
 	r, err := jsonl.DigestDir(out)
 	require.NoError(t, err)
 	require.Empty(t, r.Duplicates)
+	e.recordHistory("stopme", run.GetRunID(), "stream-stopped")
+	e.recordHistory(workflows.TabletWorkflowID("stopme", "t-0001"), "", "tablet-stopped")
 }
