@@ -28,7 +28,14 @@ import (
 
 const usage = `usage:
   starter start -f STREAM.json [--id ID]   validate the config locally, start the stream
-  starter status ID [--watch]              per-tablet status (--watch: live, with records/s)
+  starter status ID [--watch] [--json]     per-tablet status (--watch: live, with records/s)
+  starter exclude ID --aliases A,B [--tablet T] [--reason R] [--ttl 2h]
+  starter include ID --aliases A,B
+  starter pause|resume|retry ID [--tablets T1,T2]   (default: all tablets)
+  starter stop ID [--drop-source-stream]
+  starter configure ID -f TUNABLES.json    selection, retry, autoExcludeTTL, batch, run
+Operator commands run as updates (a bad request is an error here); --signal
+sends them as signals instead.
 connection flags (every command): --address --namespace --api-key --tls-ca --tls-cert --tls-key,
 defaulting to the Temporal SDK's environment variables and config profile.
 `
@@ -48,6 +55,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = start(args[1:], stdout, stderr)
 	case "status":
 		err = status(args[1:], stdout, stderr)
+	case workflows.CmdExclude, workflows.CmdInclude, workflows.CmdPause, workflows.CmdResume,
+		workflows.CmdRetry, workflows.CmdStop, workflows.CmdConfigure:
+		err = operator(args[0], args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -94,6 +104,7 @@ func start(args []string, stdout, stderr io.Writer) error {
 	file := fs.String("f", "", "stream config JSON file (required)")
 	id := fs.String("id", "", "stream ID, the workflow ID (default: the file's base name)")
 	ui := fs.String("ui", "http://localhost:8233", "Temporal Web UI base URL, for the printed link")
+	taskQueue := fs.String("task-queue", workflows.TaskQueue, "task queue the workers poll")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
@@ -117,7 +128,7 @@ func start(args []string, stdout, stderr io.Writer) error {
 	defer c.Close()
 	run, err := c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{
 		ID:                    *id,
-		TaskQueue:             workflows.TaskQueue,
+		TaskQueue:             *taskQueue,
 		StaticSummary:         "CDC stream " + *id,
 		TypedSearchAttributes: temporalSA(*id),
 	}, "StreamWorkflow", json.RawMessage(data))

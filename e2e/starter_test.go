@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+// starter runs the starter binary against the shared dev server.
+func (e *env) starter(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(binDir, "starter"), args...)
+	cmd.Env = append(os.Environ(), "TEMPORAL_ADDRESS="+temporalAddr)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func TestStarterStartsWatchesAndDrivesAStream(t *testing.T) {
+	e := newEnv(t, "--tablets", "4", "--rate", "100")
+	e.startWorker()
+	out := filepath.Join(e.dir, "out")
+
+	// A bad config is refused locally, naming the field.
+	bad := filepath.Join(e.dir, "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"source": {"kind": "tabletd", "address": "x:1", "keyspace": "k"},
+		"sink": {"kind": "jsonl", "path": "/tmp/x"}, "batch": {"maxRecordz": 5}}`), 0o644))
+	msg, err := e.starter("start", "-f", bad)
+	require.Error(t, err)
+	require.Contains(t, msg, "batch.maxRecordz: unknown field")
+
+	// The stream starts on this test's task queue: the starter's config is
+	// the same JSON the Temporal CLI takes.
+	cfg := filepath.Join(e.dir, "starter.json")
+	require.NoError(t, os.WriteFile(cfg, e.config(out, nil), 0o644))
+	msg, err = e.starter("start", "-f", cfg, "--task-queue", e.taskQueue)
+	require.NoError(t, err, msg)
+	require.Contains(t, msg, "stream starter started")
+	require.Contains(t, msg, "/namespaces/default/workflows/starter")
+	st := e.waitStatus("starter", "every tablet streaming", time.Minute, allStreaming(4))
+
+	msg, err = e.starter("status", "starter")
+	require.NoError(t, err, msg)
+	for _, want := range []string{"t-0001", "Streaming", "TABLET"} {
+		require.Contains(t, msg, want)
+	}
+
+	// Operator commands as updates: a bad one is an error back here.
+	msg, err = e.starter("exclude", "starter", "--aliases", "zone9-0000000999")
+	require.Error(t, err)
+	require.Contains(t, msg, "not a replica of this stream")
+	alias := busiest(st)
+	msg, err = e.starter("exclude", "starter", "--aliases", alias, "--reason", "starter test", "--ttl", "1h")
+	require.NoError(t, err, msg)
+	e.waitStatus("starter", "the exclusion in effect", 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
+		for _, tab := range st.Tablets {
+			if tab.Replica == alias || tab.State != workflows.Streaming {
+				return false, summary(st)
+			}
+		}
+		return len(st.Exclude) == 1 && st.Exclude[0].Reason == "starter test", summary(st)
+	})
+	msg, err = e.starter("pause", "starter", "--tablets", "t-0002", "--signal")
+	require.NoError(t, err, msg)
+	e.waitStatus("starter", "t-0002 paused", 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
+		return tabletStatus(st, "t-0002").State == workflows.Paused, summary(st)
+	})
+	msg, err = e.starter("resume", "starter", "--tablets", "t-0002")
+	require.NoError(t, err, msg)
+	e.waitStatus("starter", "t-0002 streams again", 30*time.Second, allStreaming(4))
+
+	tunables := filepath.Join(e.dir, "tunables.json")
+	require.NoError(t, os.WriteFile(tunables, []byte(`{"batch": {"maxRecords": 0}}`), 0o644))
+	msg, err = e.starter("configure", "starter", "-f", tunables)
+	require.Error(t, err, "configure is validated like the config")
+	require.Contains(t, msg, "batch.maxRecords")
+
+	msg, err = e.starter("stop", "starter")
+	require.NoError(t, err, msg)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, e.temporal.GetWorkflow(ctx, "starter", "").Get(ctx, nil))
+	require.True(t, strings.Contains(msg, "stop done"), msg)
+}
