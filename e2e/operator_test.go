@@ -353,11 +353,11 @@ func TestContinueAsNewKeepsExclusionsAndPausedTablets(t *testing.T) {
 		for range 20 {
 			_ = e.temporal.SignalWorkflow(context.Background(), "can", "", "pause", json.RawMessage(`{"tablets": ["nope"]}`))
 		}
-		d, err := e.temporal.DescribeWorkflowExecution(context.Background(), "can", "")
+		d, err := e.temporal.DescribeWorkflow(context.Background(), "can", "")
 		if err != nil {
 			return false, err.Error()
 		}
-		return d.WorkflowExecutionInfo.Execution.RunId != run.GetRunID(), "same run"
+		return d.RawResponse.WorkflowExecutionInfo.Execution.RunId != run.GetRunID(), "same run"
 	})
 	after, err := e.status("can")
 	require.NoError(t, err)
@@ -382,13 +382,13 @@ func TestStopWithDropSourceStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(t, run.Get(ctx, nil), "the stream completes")
-	d, err := e.temporal.DescribeWorkflowExecution(context.Background(), "stopme", "")
+	d, err := e.temporal.DescribeWorkflow(context.Background(), "stopme", "")
 	require.NoError(t, err)
-	require.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, d.WorkflowExecutionInfo.Status)
+	require.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, d.RawResponse.WorkflowExecutionInfo.Status)
 	for _, id := range []string{"t-0001", "t-0002", "t-0003", "t-0004"} {
-		d, err := e.temporal.DescribeWorkflowExecution(context.Background(), workflows.TabletWorkflowID("stopme", id), "")
+		d, err := e.temporal.DescribeWorkflow(context.Background(), workflows.TabletWorkflowID("stopme", id), "")
 		require.NoError(t, err)
-		require.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, d.WorkflowExecutionInfo.Status, id)
+		require.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, d.RawResponse.WorkflowExecutionInfo.Status, id)
 	}
 	_, err = e.topo.DescribeStream(context.Background(), &sourcepb.DescribeStreamRequest{Stream: "stopme"})
 	require.Equal(t, codes.NotFound, status.Code(err), "the source-side stream is gone")
