@@ -8,13 +8,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +26,7 @@ import (
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/tabletd/digest"
+	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -65,120 +63,28 @@ func runMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binDir = filepath.Join(dir, "bin")
-	build := exec.Command("go", "build", "-o", binDir+"/", "./tabletd", "./worker", "./starter")
-	build.Dir = root
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: build:", err)
+	if err := testbed.Build(root, binDir, "./tabletd", "./worker", "./starter"); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	server, err := startDevServer(temporal, dir)
+	// Continue-as-new is suggested early, so the tests cross it.
+	server, err := testbed.StartDevServer(temporal, dir, "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=300")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	defer server.stop()
+	defer server.Stop()
+	temporalAddr, temporalUI = server.Addr, server.UI
 	return m.Run()
 }
 
-// startDevServer runs `temporal server start-dev` on free ports with the
-// search attributes registered, and waits until it answers.
-func startDevServer(temporal, dir string) (*proc, error) {
-	port, ui := freePort(), freePort()
-	temporalAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	temporalUI = fmt.Sprintf("http://127.0.0.1:%d", ui)
-	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", fmt.Sprint(port), "--ui-port", fmt.Sprint(ui),
-		"--http-port", fmt.Sprint(freePort()), "--metrics-port", fmt.Sprint(freePort()),
-		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "warn",
-		// Continue-as-new is suggested early, so the tests cross it.
-		"--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=300"}
-	for _, sa := range workflows.SearchAttributes {
-		args = append(args, "--search-attribute", sa+"=Keyword")
-	}
-	p, err := start(filepath.Join(dir, "temporal.log"), temporal, args...)
-	if err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		c, err := client.Dial(client.Options{HostPort: temporalAddr, Logger: quiet{}})
-		if err == nil {
-			_, err = c.CheckHealth(context.Background(), &client.CheckHealthRequest{})
-			c.Close()
-			if err == nil {
-				return p, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			p.stop()
-			return nil, fmt.Errorf("dev server did not come up in 90s: %v\n%s", err, p.tail())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// proc is a child process with its output in a log file.
-type proc struct {
-	cmd  *exec.Cmd
-	log  string
-	once sync.Once
-	done chan struct{}
-}
-
-func start(logPath, bin string, args ...string) (*proc, error) {
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
-	return p, nil
-}
-
-// stop sends SIGTERM and waits, then SIGKILL.
-func (p *proc) stop() {
-	p.once.Do(func() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(45 * time.Second):
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
-		}
-	})
-}
-
-// kill sends SIGKILL: a crash, no chance to commit.
-func (p *proc) kill() {
-	p.once.Do(func() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	})
-}
-
-// tail returns the end of the process's log.
-func (p *proc) tail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
-
+// freePort is testbed.FreePort for tests: no free port, no test.
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testbed.FreePort()
 	if err != nil {
 		panic(err) // no loopback port: nothing in this package can run
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // env is one test's world: a tabletd, workers on the test's own task
@@ -187,13 +93,13 @@ type env struct {
 	t         *testing.T
 	dir       string
 	taskQueue string
-	tabletd   *proc
+	tabletd   *testbed.Proc
 	tdAddr    string
 	admin     sourcepb.AdminClient
 	topo      sourcepb.TopologyClient
 	temporal  client.Client
-	workers   []*proc
-	logs      []*proc
+	workers   []*testbed.Proc
+	logs      []*testbed.Proc
 	// metrics is the last started worker's Prometheus endpoint.
 	metrics string
 }
@@ -203,11 +109,11 @@ func newEnv(t *testing.T, tabletdArgs ...string) *env {
 	e := &env{t: t, dir: t.TempDir(), taskQueue: "tq-" + strings.ReplaceAll(t.Name(), "/", "-")}
 	e.tdAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
 	args := append([]string{"serve", "--listen", e.tdAddr, "--log-level", "warn"}, tabletdArgs...)
-	p, err := start(filepath.Join(e.dir, "tabletd.log"), filepath.Join(binDir, "tabletd"), args...)
+	p, err := testbed.Start(filepath.Join(e.dir, "tabletd.log"), filepath.Join(binDir, "tabletd"), args...)
 	require.NoError(t, err)
 	e.tabletd = p
 	e.logs = append(e.logs, p)
-	t.Cleanup(p.stop)
+	t.Cleanup(p.Stop)
 	conn, err := grpc.NewClient(e.tdAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -217,14 +123,14 @@ func newEnv(t *testing.T, tabletdArgs ...string) *env {
 		_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err == nil, fmt.Sprint(err)
 	})
-	c, err := client.Dial(client.Options{HostPort: temporalAddr, Logger: quiet{}})
+	c, err := client.Dial(client.Options{HostPort: temporalAddr, Logger: testbed.Quiet{}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	e.temporal = c
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, p := range e.logs {
-				t.Logf("--- %s ---\n%s", filepath.Base(p.log), p.tail())
+				t.Logf("--- %s ---\n%s", filepath.Base(p.Log()), p.Tail())
 			}
 		}
 	})
@@ -232,18 +138,18 @@ func newEnv(t *testing.T, tabletdArgs ...string) *env {
 }
 
 // startWorker starts a worker process on the test's task queue.
-func (e *env) startWorker() *proc {
+func (e *env) startWorker() *testbed.Proc {
 	e.t.Helper()
 	n := len(e.workers)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
 	e.metrics = "http://" + metricsAddr + "/metrics"
-	p, err := start(filepath.Join(e.dir, fmt.Sprintf("worker-%d.log", n)), filepath.Join(binDir, "worker"),
+	p, err := testbed.Start(filepath.Join(e.dir, fmt.Sprintf("worker-%d.log", n)), filepath.Join(binDir, "worker"),
 		"--address", temporalAddr, "--task-queue", e.taskQueue, "--log-level", "info", "--stop-timeout", "20s",
 		"--metrics-addr", metricsAddr)
 	require.NoError(e.t, err)
 	e.workers = append(e.workers, p)
 	e.logs = append(e.logs, p)
-	e.t.Cleanup(p.stop)
+	e.t.Cleanup(p.Stop)
 	return p
 }
 
@@ -419,14 +325,6 @@ func (e *env) eventually(what string, within time.Duration, cond func() (bool, s
 		time.Sleep(250 * time.Millisecond)
 	}
 }
-
-// quiet drops the SDK client's logs.
-type quiet struct{}
-
-func (quiet) Debug(string, ...any) {}
-func (quiet) Info(string, ...any)  {}
-func (quiet) Warn(string, ...any)  {}
-func (quiet) Error(string, ...any) {}
 
 // recordHistory writes a workflow run's history as JSON (the format of
 // `temporal workflow show -o json`) into $TABLETFLOW_RECORD_HISTORIES, for

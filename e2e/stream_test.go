@@ -46,7 +46,7 @@ func TestWorkerKilledMidStreamLosesAndRepeatsNothing(t *testing.T) {
 		n := sinkRecords(out)
 		return n >= 2000, fmt.Sprintf("%d records", n)
 	})
-	first.kill() // mid-stream, mid-batch: no chance to commit
+	first.Kill() // mid-stream, mid-batch: no chance to commit
 	before := sinkRecords(out)
 	e.startWorker()
 	e.eventually("the new worker takes over", 90*time.Second, func() (bool, string) {

@@ -9,17 +9,14 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +28,7 @@ import (
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/tabletd"
 	"github.com/tabletflow/tabletflow/tabletd/digest"
+	"github.com/tabletflow/tabletflow/testbed"
 )
 
 type result struct {
@@ -70,7 +68,7 @@ func run() error {
 	out := flag.String("out", "", "write the result JSON here too")
 	flag.Parse()
 
-	addr, err := freeAddr()
+	addr, err := testbed.FreeAddr()
 	if err != nil {
 		return err
 	}
@@ -168,7 +166,7 @@ func run() error {
 		case err := <-errs:
 			return err
 		case <-tick.C:
-			rss, _, err := memory(cmd.Process.Pid)
+			rss, _, err := testbed.Memory(cmd.Process.Pid)
 			if err != nil {
 				return err
 			}
@@ -199,7 +197,7 @@ func run() error {
 	case <-time.After(2 * time.Minute):
 		return errors.New("consumers did not drain within 2m")
 	}
-	_, hwm, err := memory(cmd.Process.Pid)
+	_, hwm, err := testbed.Memory(cmd.Process.Pid)
 	if err != nil {
 		return err
 	}
@@ -223,37 +221,4 @@ func run() error {
 		return errors.New("soak failed (see the result)")
 	}
 	return nil
-}
-
-// memory reads a process's current and peak resident set size in MiB.
-func memory(pid int) (rss, hwm float64, err error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseFloat(fields[1], 64)
-		switch fields[0] {
-		case "VmRSS:":
-			rss = kb / 1024
-		case "VmHWM:":
-			hwm = kb / 1024
-		}
-	}
-	return rss, hwm, sc.Err()
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }

@@ -1,0 +1,196 @@
+// Package testbed starts the real parts that end-to-end tests and
+// benchmarks run against: the project's binaries, a Temporal dev server
+// (the Temporal CLI's `server start-dev`) on free loopback ports with
+// tabletflow's search attributes, and child processes that are stopped with
+// their whole process group.
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.temporal.io/sdk/client"
+
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+// Proc is a child process with its output in a log file.
+type Proc struct {
+	cmd  *exec.Cmd
+	log  string
+	once sync.Once
+	done chan struct{}
+}
+
+// Start runs bin with args in its own process group, output to logPath.
+func Start(logPath, bin string, args ...string) (*Proc, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	p := &Proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
+	return p, nil
+}
+
+// Pid is the process ID.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Log is the path of the process's log.
+func (p *Proc) Log() string { return p.log }
+
+// Stop sends SIGTERM to the process group and waits, then SIGKILL.
+func (p *Proc) Stop() {
+	p.once.Do(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(45 * time.Second):
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	})
+}
+
+// Kill sends SIGKILL: a crash, with no chance to clean up.
+func (p *Proc) Kill() {
+	p.once.Do(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	})
+}
+
+// Tail returns the end of the process's log.
+func (p *Proc) Tail() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// FreeAddr returns "127.0.0.1:<free port>".
+func FreeAddr() (string, error) {
+	p, err := FreePort()
+	return fmt.Sprintf("127.0.0.1:%d", p), err
+}
+
+// Build compiles packages of the module at root into outDir.
+func Build(root, outDir string, pkgs ...string) error {
+	cmd := exec.Command("go", append([]string{"build", "-o", outDir + "/"}, pkgs...)...)
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build %v: %w", pkgs, err)
+	}
+	return nil
+}
+
+// DevServer is a running Temporal dev server.
+type DevServer struct {
+	*Proc
+	Addr string // frontend host:port
+	UI   string // Web UI base URL
+}
+
+// StartDevServer runs `temporal server start-dev` on free loopback ports
+// with tabletflow's search attributes registered and its database in dir,
+// and waits until it answers. extra are more flags
+// (--dynamic-config-value ...).
+func StartDevServer(temporalCLI, dir string, extra ...string) (*DevServer, error) {
+	ports := make([]int, 4)
+	for i := range ports {
+		p, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
+	}
+	s := &DevServer{Addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), UI: fmt.Sprintf("http://127.0.0.1:%d", ports[1])}
+	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
+		"--ui-port", strconv.Itoa(ports[1]), "--http-port", strconv.Itoa(ports[2]), "--metrics-port", strconv.Itoa(ports[3]),
+		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "warn"}
+	for _, sa := range workflows.SearchAttributes {
+		args = append(args, "--search-attribute", sa+"=Keyword")
+	}
+	p, err := Start(filepath.Join(dir, "temporal.log"), temporalCLI, append(args, extra...)...)
+	if err != nil {
+		return nil, err
+	}
+	s.Proc = p
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		c, err := client.Dial(client.Options{HostPort: s.Addr, Logger: Quiet{}})
+		if err == nil {
+			_, err = c.CheckHealth(context.Background(), &client.CheckHealthRequest{})
+			c.Close()
+			if err == nil {
+				return s, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			p.Stop()
+			return nil, fmt.Errorf("dev server did not come up in 90s: %v\n%s", err, p.Tail())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Memory reads a process's current and peak resident set size in MiB.
+func Memory(pid int) (rss, hwm float64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(fields[1], 64)
+		switch fields[0] {
+		case "VmRSS:":
+			rss = kb / 1024
+		case "VmHWM:":
+			hwm = kb / 1024
+		}
+	}
+	return rss, hwm, sc.Err()
+}
+
+// Quiet is a Temporal SDK logger that drops everything.
+type Quiet struct{}
+
+func (Quiet) Debug(string, ...any) {}
+func (Quiet) Info(string, ...any)  {}
+func (Quiet) Warn(string, ...any)  {}
+func (Quiet) Error(string, ...any) {}
