@@ -94,18 +94,11 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 	if err != nil {
 		return Selection{}, fatalf("%v", err)
 	}
-	exclude := in.Exclude
-	if a.Client != nil && in.Stream != "" {
-		v, err := a.Client.QueryWorkflow(ctx, in.Stream, "", QueryExclusions)
-		if err != nil {
-			return Selection{}, fmt.Errorf("query the stream's exclude list: %w", err)
-		}
-		var operator []config.Exclusion
-		if err := v.Get(&operator); err != nil {
-			return Selection{}, fmt.Errorf("decode the stream's exclude list: %w", err)
-		}
-		exclude = append(append([]config.Exclusion(nil), exclude...), operator...)
+	operator, err := a.operatorExclusions(ctx, in.Stream)
+	if err != nil {
+		return Selection{}, err
 	}
+	exclude := append(append([]config.Exclusion(nil), in.Exclude...), operator...)
 	tablets, err := src.ListTablets(ctx)
 	if err != nil {
 		return Selection{}, classified(src, err)
@@ -127,6 +120,28 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 		return Selection{Replica: r, Candidates: len(cands), Fallback: err == nil && !picker.Preferred(t, opts, r)}, err
 	}
 	return Selection{}, fatalf("tablet %s: %v", in.Tablet, source.ErrUnknownTablet)
+}
+
+// operatorExclusions returns the stream's operator exclude list: this
+// worker's watcher's copy if it is at most two polls old, else a query.
+func (a *Activities) operatorExclusions(ctx context.Context, stream string) ([]config.Exclusion, error) {
+	if a.Client == nil || stream == "" {
+		return nil, nil
+	}
+	if a.Watcher != nil {
+		if list, ok := a.Watcher.Fresh(stream, 2*a.Watcher.interval(), a.now()); ok {
+			return list, nil
+		}
+	}
+	v, err := a.Client.QueryWorkflow(ctx, stream, "", QueryExclusions)
+	if err != nil {
+		return nil, fmt.Errorf("query the stream's exclude list: %w", err)
+	}
+	var list []config.Exclusion
+	if err := v.Get(&list); err != nil {
+		return nil, fmt.Errorf("decode the stream's exclude list: %w", err)
+	}
+	return list, nil
 }
 
 // classified turns a source error into a retryable one (RetrySame) or a

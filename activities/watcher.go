@@ -29,6 +29,7 @@ type Watcher struct {
 type watched struct {
 	refs    int
 	list    []config.Exclusion
+	read    time.Time // when list was last read
 	stop    context.CancelFunc
 	stopped chan struct{}
 }
@@ -77,12 +78,34 @@ func (w *Watcher) Excluded(stream, tablet, alias string, now time.Time) (config.
 	return picker.Excluded(s.list, alias, tablet, now)
 }
 
+func (w *Watcher) interval() time.Duration {
+	if w.Interval <= 0 {
+		return time.Second
+	}
+	return w.Interval
+}
+
+// Fresh returns the stream's operator exclude list if this worker read it
+// within maxAge (it does while the stream has a GetChanges running here), so
+// the tablet picker need not query the stream again: when one replica is
+// excluded, every tablet that read it re-selects at once, and a query each
+// would pile up on the stream workflow.
+func (w *Watcher) Fresh(stream string, maxAge time.Duration, now time.Time) ([]config.Exclusion, bool) {
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.streams[stream]
+	if s == nil || s.read.IsZero() || now.Sub(s.read) > maxAge {
+		return nil, false
+	}
+	return append([]config.Exclusion(nil), s.list...), true
+}
+
 func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
 	defer close(s.stopped)
-	interval := w.Interval
-	if interval <= 0 {
-		interval = time.Second
-	}
+	interval := w.interval()
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -95,7 +118,7 @@ func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
 		cancel()
 		if err == nil {
 			w.mu.Lock()
-			s.list = list
+			s.list, s.read = list, time.Now()
 			w.mu.Unlock()
 		} else if ctx.Err() == nil && w.Logger != nil {
 			w.Logger.Debug("exclusion watcher: query failed", zap.String("stream", stream), zap.Error(err))

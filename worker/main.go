@@ -38,6 +38,7 @@ func run() error {
 		"activities run at once: one long-running GetChanges per tablet this worker serves, plus headroom")
 	stopTimeout := flag.Duration("stop-timeout", 30*time.Second,
 		"on SIGTERM, how long in-flight GetChanges get to commit and return")
+	pollers := flag.Int("pollers", 8, "workflow and activity task pollers (each)")
 	metricsAddr := flag.String("metrics-addr", "",
 		"serve Prometheus metrics (tabletflow's and the Temporal SDK's) at http://ADDR/metrics; empty: off")
 	flag.Parse()
@@ -81,6 +82,10 @@ func run() error {
 	w := worker.New(c, *taskQueue, worker.Options{
 		MaxConcurrentActivityExecutionSize: *maxActivities,
 		WorkerStopTimeout:                  *stopTimeout,
+		// More pollers than the default two: when an exclusion moves many
+		// tablets at once, their workflow and activity tasks queue up.
+		MaxConcurrentWorkflowTaskPollers: *pollers,
+		MaxConcurrentActivityTaskPollers: *pollers,
 	})
 	w.RegisterWorkflow(workflows.StreamWorkflow)
 	w.RegisterWorkflow(workflows.TabletWorkflow)

@@ -219,6 +219,9 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 		return
 	}
 	prev := s.st.Tablets[r.ID]
+	if prev != nil && r.Updated.Before(prev.Updated) {
+		return // reports are not awaited by the tablet; an older one can come late
+	}
 	s.st.Tablets[r.ID] = &r
 	if r.State == Split && (prev == nil || prev.State != Split) && s.st.Stop == nil {
 		handoff, err := source.ParseCheckpoint(r.Handoff)

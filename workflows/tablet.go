@@ -58,6 +58,8 @@ type tablet struct {
 	backoff  time.Duration
 	// What the operator asked, applied at the next batch boundary.
 	pause, stop bool
+	// reports are the report signals sent and not yet checked.
+	reports []workflow.Future
 	// current is the replica being read. A run that simply ended keeps it
 	// (no selection between runs) unless it was a fallback pick; any error,
 	// an exclusion, a pause or a stop clears it so the next run selects
@@ -75,6 +77,9 @@ func (t *tablet) run(ctx workflow.Context) error {
 	for {
 		if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
 			t.drain(ctx)
+			if err := t.checkReports(ctx, true); err != nil {
+				return err
+			}
 			return workflow.NewContinueAsNewError(ctx, TabletWorkflow, t.in, t.st)
 		}
 		if t.stop {
@@ -188,11 +193,14 @@ func (t *tablet) paused(ctx workflow.Context) (bool, error) {
 }
 
 // selectReplica runs the tablet picker; with no eligible replica it moves
-// to NoEligibleReplica and returns an error so the loop backs off.
+// to NoEligibleReplica and returns an error so the loop backs off. The
+// picker is a local activity: a topology read of milliseconds that needs
+// no trip through the server's task queues, so that when an exclusion moves
+// many tablets at once each re-selects within one workflow task.
 func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, error) {
 	var a *activities.Activities
-	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		StartToCloseTimeout: 30 * time.Second,
+	actx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+		StartToCloseTimeout: 10 * time.Second,
 		RetryPolicy: &temporal.RetryPolicy{
 			InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second, MaximumAttempts: 5,
 			NonRetryableErrorTypes: activities.NonRetryable,
@@ -200,7 +208,7 @@ func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, erro
 		Summary: "select a replica of " + t.in.Tablet,
 	})
 	var sel activities.Selection
-	err := workflow.ExecuteActivity(actx, a.SelectReplica, activities.SelectReplicaInput{
+	err := workflow.ExecuteLocalActivity(actx, a.SelectReplica, activities.SelectReplicaInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: t.in.Config.Source,
 		Selection: t.in.Config.Selection, Exclude: t.liveExclusions(ctx),
 	}).Get(ctx, &sel)
@@ -414,12 +422,37 @@ func (t *tablet) report(ctx workflow.Context, force bool) error {
 		return nil
 	}
 	t.st.LastReport = now
-	err := workflow.SignalExternalWorkflow(ctx, t.in.Stream, "", SignalTabletReport, t.st.Status).Get(ctx, nil)
-	if err != nil {
-		t.log.Warn("report to stream failed", "error", err)
-		return errStreamGone
+	// The signal is not awaited: the next run starts at once, and a busy
+	// stream never holds a tablet up. Its outcome is checked at the next
+	// report (and awaited before the workflow ends).
+	if err := t.checkReports(ctx, false); err != nil {
+		return err
+	}
+	t.reports = append(t.reports, workflow.SignalExternalWorkflow(ctx, t.in.Stream, "", SignalTabletReport, t.st.Status))
+	if terminal(t.st.Status.State) {
+		return t.checkReports(ctx, true)
 	}
 	return nil
+}
+
+// checkReports collects the outcome of reports sent (all of them when
+// wait is set, else those already delivered); a report that failed means
+// the stream is closed, and the tablet stops itself (errStreamGone).
+func (t *tablet) checkReports(ctx workflow.Context, wait bool) error {
+	pending := t.reports[:0]
+	var gone error
+	for _, f := range t.reports {
+		if !wait && !f.IsReady() {
+			pending = append(pending, f)
+			continue
+		}
+		if err := f.Get(ctx, nil); err != nil && gone == nil {
+			t.log.Warn("report to stream failed", "error", err)
+			gone = errStreamGone
+		}
+	}
+	t.reports = pending
+	return gone
 }
 
 // details says in words what the tablet is doing, for the Web UI.

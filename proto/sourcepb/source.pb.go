@@ -951,6 +951,9 @@ type StreamTablet struct {
 	LastActive    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_active,json=lastActive,proto3" json:"last_active,omitempty"`
 	Expired       bool                   `protobuf:"varint,5,opt,name=expired,proto3" json:"expired,omitempty"`
 	ExpiredReason string                 `protobuf:"bytes,6,opt,name=expired_reason,json=expiredReason,proto3" json:"expired_reason,omitempty"`
+	// last_replica is the alias of the replica that last served this
+	// stream's GetChanges on the tablet.
+	LastReplica   string `protobuf:"bytes,7,opt,name=last_replica,json=lastReplica,proto3" json:"last_replica,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1023,6 +1026,13 @@ func (x *StreamTablet) GetExpired() bool {
 func (x *StreamTablet) GetExpiredReason() string {
 	if x != nil {
 		return x.ExpiredReason
+	}
+	return ""
+}
+
+func (x *StreamTablet) GetLastReplica() string {
+	if x != nil {
+		return x.LastReplica
 	}
 	return ""
 }
@@ -2315,7 +2325,7 @@ const file_source_proto_rawDesc = "" +
 	"\bkeyspace\x18\x02 \x01(\tR\bkeyspace\x12\x16\n" +
 	"\x06tables\x18\x03 \x03(\tR\x06tables\x12>\n" +
 	"\n" +
-	"start_from\x18\x04 \x01(\x0e2\x1f.tabletflow.source.v1.StartFromR\tstartFrom\"\xd0\x01\n" +
+	"start_from\x18\x04 \x01(\x0e2\x1f.tabletflow.source.v1.StartFromR\tstartFrom\"\xf3\x01\n" +
 	"\fStreamTablet\x12\x16\n" +
 	"\x06tablet\x18\x01 \x01(\tR\x06tablet\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12\x14\n" +
@@ -2323,7 +2333,8 @@ const file_source_proto_rawDesc = "" +
 	"\vlast_active\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastActive\x12\x18\n" +
 	"\aexpired\x18\x05 \x01(\bR\aexpired\x12%\n" +
-	"\x0eexpired_reason\x18\x06 \x01(\tR\rexpiredReason\"\xb9\x02\n" +
+	"\x0eexpired_reason\x18\x06 \x01(\tR\rexpiredReason\x12!\n" +
+	"\flast_replica\x18\a \x01(\tR\vlastReplica\"\xb9\x02\n" +
 	"\x06Stream\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bkeyspace\x18\x02 \x01(\tR\bkeyspace\x12\x16\n" +

@@ -53,7 +53,7 @@ func (s *tabletService) GetChanges(ctx context.Context, req *sourcepb.GetChanges
 		return nil, err
 	}
 	now := c.now()
-	idx, str, err := c.beginRead(req.Stream, t, from, now)
+	idx, str, err := c.beginRead(req.Stream, t, from, s.ts.alias, now)
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +250,7 @@ func resolve(t *tablet, cp source.Checkpoint) (uint64, error) {
 // beginRead resolves where a GetChanges starts and marks the stream active
 // on the tablet. A zero checkpoint, or one before the stream's own start,
 // starts at the stream's start.
-func (c *Cluster) beginRead(streamID string, t *tablet, from source.Checkpoint, now time.Time) (uint64, *stream, error) {
+func (c *Cluster) beginRead(streamID string, t *tablet, from source.Checkpoint, replica string, now time.Time) (uint64, *stream, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, st, err := c.streamTablet(streamID, t)
@@ -267,6 +267,7 @@ func (c *Cluster) beginRead(streamID string, t *tablet, from source.Checkpoint, 
 	}
 	st.lastActive = now
 	st.waiting = false
+	st.lastReplica = replica
 	return idx, s, nil
 }
 

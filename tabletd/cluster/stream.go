@@ -34,6 +34,8 @@ type streamTablet struct {
 	waiting bool
 	expired bool
 	reason  string
+	// lastReplica served the stream's last GetChanges on the tablet.
+	lastReplica string
 	// prefix is the digest of the records at or below start when the stream
 	// began this tablet; what the stream is due is total - prefix.
 	prefix digest.Digest
@@ -141,6 +143,7 @@ func (c *Cluster) describe(s *stream) *sourcepb.Stream {
 			LastActive:    timestamppb.New(st.lastActive),
 			Expired:       st.expired,
 			ExpiredReason: st.reason,
+			LastReplica:   st.lastReplica,
 		}
 		if st.acked > 0 {
 			e.Acked = log.position(st.acked).String()

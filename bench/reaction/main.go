@@ -1,0 +1,529 @@
+// Command reaction measures how fast tabletflow reacts, end to end on a
+// real Temporal dev server, tabletd and worker, with the default retry
+// settings:
+//
+//   - mismatch: a replica's POSITION_MISMATCH → the tablet's next record
+//     acknowledged from another replica (goal ≤ 2 s);
+//   - exclude: an `exclude` signal → every tablet that read the replica
+//     streams elsewhere, with 4 and with 64 tablets (goal ≤ 5 s);
+//   - down: `fault --down` → the server's tablets stream elsewhere (goal ≤
+//     the initial retry interval + 2 s);
+//   - isolation: with 1 of 16 tablets failing, the 15 healthy tablets drain
+//     a backlog at ≥ 0.95 × the rate of a fault-free run.
+//
+// It writes a JSON result (--out). Each reaction is timed from the moment
+// the fault or signal is sent, by polling tabletd's acknowledged
+// checkpoints and the stream's status every 50 ms.
+//
+//	go run ./bench/reaction --bin ./bin --out bench/results/reaction.json
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/testbed"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "reaction:", err)
+		os.Exit(1)
+	}
+}
+
+// bed is one tabletd + worker + stream world on the shared dev server.
+type bed struct {
+	dir      string
+	tq       string
+	temporal client.Client
+	tabletd  *testbed.Proc
+	worker   *testbed.Proc
+	admin    sourcepb.AdminClient
+	topo     sourcepb.TopologyClient
+	tdAddr   string
+	conn     *grpc.ClientConn
+}
+
+func (b *bed) close() {
+	b.worker.Stop()
+	b.tabletd.Stop()
+	_ = b.conn.Close()
+}
+
+var (
+	binDir string
+	server *testbed.DevServer
+)
+
+func run() error {
+	bin := flag.String("bin", "./bin", "directory with temporal, tabletd and worker")
+	out := flag.String("out", "", "write the result JSON here too")
+	repeats := flag.Int("repeats", 4, "repetitions of each reaction")
+	flag.Parse()
+	binDir = *bin
+	dir, err := os.MkdirTemp("", "tabletflow-reaction-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	server, err = testbed.StartDevServer(filepath.Join(binDir, "temporal"), dir)
+	if err != nil {
+		return err
+	}
+	defer server.Stop()
+	c, err := client.Dial(client.Options{HostPort: server.Addr, Logger: testbed.Quiet{}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	res := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "repeats": *repeats,
+		"command": "go run ./bench/reaction --bin ./bin --out bench/results/reaction.json"}
+	mm, err := mismatch(c, dir, *repeats)
+	if err != nil {
+		return fmt.Errorf("mismatch: %w", err)
+	}
+	res["mismatch_to_other_replica_s"] = mm
+	for _, n := range []int{4, 64} {
+		ex, err := exclude(c, dir, n, *repeats)
+		if err != nil {
+			return fmt.Errorf("exclude %d: %w", n, err)
+		}
+		res[fmt.Sprintf("exclude_to_elsewhere_%d_tablets_s", n)] = ex
+	}
+	dn, err := down(c, dir, *repeats)
+	if err != nil {
+		return fmt.Errorf("down: %w", err)
+	}
+	res["down_to_elsewhere_s"] = dn
+	iso, err := isolation(c, dir)
+	if err != nil {
+		return fmt.Errorf("isolation: %w", err)
+	}
+	res["isolation"] = iso
+	res["goals"] = map[string]string{"mismatch": "<= 2s", "exclude": "<= 5s", "down": "<= 1s initial retry + 2s = 3s", "isolation": ">= 0.95"}
+
+	data, _ := json.MarshalIndent(res, "", "  ")
+	fmt.Println(string(data))
+	if *out != "" {
+		return os.WriteFile(*out, append(data, '\n'), 0o644)
+	}
+	return nil
+}
+
+// newBed starts tabletd (with args) and a worker on its own task queue.
+func newBed(c client.Client, dir, name string, tabletdArgs ...string) (*bed, error) {
+	d := filepath.Join(dir, name)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	addr, err := testbed.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	td, err := testbed.Start(filepath.Join(d, "tabletd.log"), filepath.Join(binDir, "tabletd"),
+		append([]string{"serve", "--listen", addr, "--log-level", "warn"}, tabletdArgs...)...)
+	if err != nil {
+		return nil, err
+	}
+	w, err := testbed.Start(filepath.Join(d, "worker.log"), filepath.Join(binDir, "worker"),
+		"--address", server.Addr, "--task-queue", "tq-"+name, "--log-level", "warn")
+	if err != nil {
+		td.Stop()
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	b := &bed{dir: d, tq: "tq-" + name, temporal: c, tabletd: td, worker: w, tdAddr: addr, conn: conn,
+		admin: sourcepb.NewAdminClient(conn), topo: sourcepb.NewTopologyClient(conn)}
+	return b, b.until(30*time.Second, "tabletd answers", func() bool {
+		_, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
+		return err == nil
+	})
+}
+
+// start starts a stream with the default settings, preferring zone1.
+func (b *bed) start(id string, extra map[string]any) error {
+	cfg := map[string]any{
+		"source":    map[string]any{"kind": "tabletd", "address": b.tdAddr, "keyspace": "commerce"},
+		"sink":      map[string]any{"kind": "jsonl", "path": filepath.Join(b.dir, id)},
+		"selection": map[string]any{"cells": []string{"zone1"}},
+	}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	raw, _ := json.Marshal(cfg)
+	_, err := b.temporal.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: id, TaskQueue: b.tq}, "StreamWorkflow", json.RawMessage(raw))
+	return err
+}
+
+func (b *bed) status(id string) (workflows.StreamStatus, error) {
+	var st workflows.StreamStatus
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := b.temporal.QueryWorkflow(ctx, id, "", workflows.QueryStatus)
+	if err != nil {
+		return st, err
+	}
+	return st, v.Get(&st)
+}
+
+// streaming waits until all n tablets stream.
+func (b *bed) streaming(id string, n int) (workflows.StreamStatus, error) {
+	var st workflows.StreamStatus
+	err := b.until(2*time.Minute, "every tablet streaming", func() bool {
+		var err error
+		st, err = b.status(id)
+		if err != nil || len(st.Tablets) != n {
+			return false
+		}
+		for _, t := range st.Tablets {
+			if t.State != workflows.Streaming || t.Replica == "" {
+				return false
+			}
+		}
+		return true
+	})
+	return st, err
+}
+
+// acked returns the stream's acknowledged index per tablet.
+func (b *bed) acked(id string) (map[string]uint64, error) {
+	s, err := b.topo.DescribeStream(context.Background(), &sourcepb.DescribeStreamRequest{Stream: id})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, t := range s.Tablets {
+		cp, _ := source.ParseCheckpoint(t.Acked)
+		out[t.Tablet] = cp.Index
+	}
+	return out, nil
+}
+
+// until polls cond every 50 ms: often enough to time reactions of a second,
+// rarely enough that the status queries do not load the stream workflow.
+func (b *bed) until(within time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not within %v", what, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
+// summary is a few timings in seconds.
+type summary struct {
+	Samples []float64 `json:"samples"`
+	Median  float64   `json:"median"`
+	Max     float64   `json:"max"`
+}
+
+func summarize(d []time.Duration) summary {
+	s := summary{}
+	for _, x := range d {
+		s.Samples = append(s.Samples, round(x.Seconds()))
+	}
+	slices.Sort(s.Samples)
+	if len(s.Samples) > 0 {
+		s.Median = s.Samples[len(s.Samples)/2]
+		s.Max = s.Samples[len(s.Samples)-1]
+	}
+	return s
+}
+
+func round(f float64) float64 { v, _ := strconv.ParseFloat(fmt.Sprintf("%.3f", f), 64); return v }
+
+// mismatch: the local replica of a tablet loses its history; time until
+// the tablet's next acknowledged record (necessarily from another replica).
+func mismatch(c client.Client, dir string, repeats int) (summary, error) {
+	b, err := newBed(c, dir, "mismatch", "--tablets", strconv.Itoa(repeats), "--rate", "500")
+	if err != nil {
+		return summary{}, err
+	}
+	defer b.close()
+	if err := b.start("mismatch", nil); err != nil {
+		return summary{}, err
+	}
+	st, err := b.streaming("mismatch", repeats)
+	if err != nil {
+		return summary{}, err
+	}
+	var took []time.Duration
+	for _, t := range st.Tablets {
+		before, err := b.acked("mismatch")
+		if err != nil {
+			return summary{}, err
+		}
+		t0 := time.Now()
+		if _, err := b.admin.Fault(context.Background(), &sourcepb.FaultRequest{Server: t.Replica, Tablet: t.ID, PositionMismatch: true}); err != nil {
+			return summary{}, err
+		}
+		// Records the bad replica served before the fault may still be
+		// acked; wait for progress past what the fault found plus a margin
+		// of what was in flight (one batch).
+		base := before[t.ID]
+		if err := b.until(time.Minute, "progress on "+t.ID, func() bool {
+			a, err := b.acked("mismatch")
+			if err != nil || a[t.ID] <= base {
+				return false
+			}
+			s, err := b.status("mismatch")
+			return err == nil && tablet(s, t.ID).Replica != t.Replica
+		}); err != nil {
+			return summary{}, err
+		}
+		took = append(took, time.Since(t0))
+	}
+	return summarize(took), nil
+}
+
+func tablet(st workflows.StreamStatus, id string) workflows.TabletStatus {
+	for _, t := range st.Tablets {
+		if t.ID == id {
+			return t
+		}
+	}
+	return workflows.TabletStatus{}
+}
+
+// readers returns the tablets whose last GetChanges the replica served,
+// by tabletd's account.
+func (b *bed) readers(id, alias string) ([]string, error) {
+	s, err := b.topo.DescribeStream(context.Background(), &sourcepb.DescribeStreamRequest{Stream: id})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, t := range s.Tablets {
+		if t.LastReplica == alias {
+			out = append(out, t.Tablet)
+		}
+	}
+	return out, nil
+}
+
+// moved waits until another replica has served each of the tablets, by
+// tabletd's account (the replica that served each tablet's last
+// GetChanges): data flows from elsewhere.
+func (b *bed) moved(id, alias string, tablets []string) error {
+	return b.until(2*time.Minute, "tablets leave "+alias, func() bool {
+		s, err := b.topo.DescribeStream(context.Background(), &sourcepb.DescribeStreamRequest{Stream: id})
+		if err != nil {
+			return false
+		}
+		for _, t := range s.Tablets {
+			if slices.Contains(tablets, t.Tablet) && (t.LastReplica == alias || t.LastReplica == "") {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// busiest returns the replica most tablets read, and how many.
+func busiest(st workflows.StreamStatus) (string, int) {
+	n := map[string]int{}
+	best := ""
+	for _, t := range st.Tablets {
+		n[t.Replica]++
+		if best == "" || n[t.Replica] > n[best] {
+			best = t.Replica
+		}
+	}
+	return best, n[best]
+}
+
+// exclude: an operator's exclude signal; time until every tablet on the
+// replica streams elsewhere.
+func exclude(c client.Client, dir string, tablets, repeats int) (map[string]any, error) {
+	name := fmt.Sprintf("exclude%d", tablets)
+	b, err := newBed(c, dir, name, "--tablets", strconv.Itoa(tablets), "--rate", "1000")
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	if err := b.start(name, nil); err != nil {
+		return nil, err
+	}
+	var took []time.Duration
+	moved := 0
+	for range repeats {
+		st, err := b.streaming(name, tablets)
+		if err != nil {
+			return nil, err
+		}
+		alias, _ := busiest(st)
+		on, err := b.readers(name, alias)
+		if err != nil {
+			return nil, err
+		}
+		moved += len(on)
+		t0 := time.Now()
+		if err := c.SignalWorkflow(context.Background(), name, "", workflows.CmdExclude,
+			json.RawMessage(fmt.Sprintf(`{"aliases": [%q], "reason": "bench"}`, alias))); err != nil {
+			return nil, err
+		}
+		if err := b.moved(name, alias, on); err != nil {
+			return nil, err
+		}
+		took = append(took, time.Since(t0))
+		if err := c.SignalWorkflow(context.Background(), name, "", workflows.CmdInclude,
+			json.RawMessage(fmt.Sprintf(`{"aliases": [%q]}`, alias))); err != nil {
+			return nil, err
+		}
+	}
+	return map[string]any{"timing": summarize(took), "tablets_moved_per_exclusion": float64(moved) / float64(repeats)}, nil
+}
+
+// down: a tablet server taken down; time until its tablets stream
+// elsewhere.
+func down(c client.Client, dir string, repeats int) (summary, error) {
+	b, err := newBed(c, dir, "down", "--tablets", "8", "--rate", "500")
+	if err != nil {
+		return summary{}, err
+	}
+	defer b.close()
+	if err := b.start("down", nil); err != nil {
+		return summary{}, err
+	}
+	var took []time.Duration
+	for range repeats {
+		st, err := b.streaming("down", 8)
+		if err != nil {
+			return summary{}, err
+		}
+		alias, _ := busiest(st)
+		on, err := b.readers("down", alias)
+		if err != nil {
+			return summary{}, err
+		}
+		t0 := time.Now()
+		if _, err := b.admin.Fault(context.Background(), &sourcepb.FaultRequest{Server: alias, Down: true}); err != nil {
+			return summary{}, err
+		}
+		if err := b.moved("down", alias, on); err != nil {
+			return summary{}, err
+		}
+		took = append(took, time.Since(t0))
+		if _, err := b.admin.Heal(context.Background(), &sourcepb.HealRequest{Server: alias}); err != nil {
+			return summary{}, err
+		}
+	}
+	return summarize(took), nil
+}
+
+// isolation drains the same backlog on 16 tablets twice, from two streams:
+// fault-free, then with every replica of t-0001 failing; it compares the
+// 15 healthy tablets' drain rate.
+func isolation(c client.Client, dir string) (map[string]any, error) {
+	b, err := newBed(c, dir, "isolation", "--tablets", "16", "--rate", "0", "--lag", "0s")
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	// A backlog: 25,000 records per tablet.
+	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RATE, Rate: 100000}); err != nil {
+		return nil, err
+	}
+	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RESUME}); err != nil {
+		return nil, err
+	}
+	if err := b.until(2*time.Minute, "backlog written", func() bool {
+		w, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
+		return err == nil && w.Records >= 400_000
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STOP}); err != nil {
+		return nil, err
+	}
+	resp, err := b.topo.ListTablets(context.Background(), &sourcepb.ListTabletsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	last := map[string]uint64{}
+	for _, t := range resp.Tablets {
+		cp, _ := source.ParseCheckpoint(t.LastPosition)
+		last[t.Id] = cp.Index
+	}
+	healthy := func(id string) bool { return id != "t-0001" }
+	var backlog uint64
+	for id, n := range last {
+		if healthy(id) {
+			backlog += n
+		}
+	}
+	// drain measures the healthy tablets' steady rate: from 10% to 90% of
+	// their backlog acknowledged, leaving out the stream's start and tail.
+	drain := func(stream string) (float64, error) {
+		if err := b.start(stream, map[string]any{"selection": map[string]any{"tabletTypes": []string{"PRIMARY", "REPLICA", "RDONLY"}}}); err != nil {
+			return 0, err
+		}
+		var t10, t90 time.Time
+		err := b.until(5*time.Minute, "healthy tablets drained", func() bool {
+			a, err := b.acked(stream)
+			if err != nil {
+				return false
+			}
+			var done uint64
+			for id := range last {
+				if healthy(id) {
+					done += a[id]
+				}
+			}
+			now := time.Now()
+			if t10.IsZero() && done >= backlog/10 {
+				t10 = now
+			}
+			if t90.IsZero() && done >= backlog*9/10 {
+				t90 = now
+			}
+			return done >= backlog
+		})
+		return 0.8 * float64(backlog) / t90.Sub(t10).Seconds(), err
+	}
+	// A first drain warms the worker and the dev server up; it is not
+	// counted.
+	if _, err := drain("warmup"); err != nil {
+		return nil, err
+	}
+	clean, err := drain("clean")
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range resp.Tablets[0].Replicas {
+		if _, err := b.admin.Fault(context.Background(), &sourcepb.FaultRequest{Server: r.Alias, Tablet: "t-0001", Code: "UNAVAILABLE"}); err != nil {
+			return nil, err
+		}
+	}
+	faulty, err := drain("faulty")
+	if err != nil {
+		return nil, err
+	}
+	if resp.Tablets[0].Id != "t-0001" {
+		return nil, errors.New("tablet order changed")
+	}
+	return map[string]any{"healthy_records_per_s_fault_free": int(clean), "healthy_records_per_s_one_failing": int(faulty),
+		"ratio": round(faulty / clean), "backlog_records": 400_000}, nil
+}
