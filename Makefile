@@ -30,6 +30,7 @@ bench: build $(BIN)/temporal ## benchmarks; results into bench/results
 	mkdir -p bench/results
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
 	go run ./bench/throughput --bin $(BIN) --out bench/results/throughput.json
+	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
 
 soak: build ## tabletd memory soak: 64 tablets × 3 replicas, 20k records/s, 10 minutes
 	mkdir -p bench/results
