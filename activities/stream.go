@@ -71,8 +71,13 @@ type SelectReplicaInput struct {
 	Source    config.Source    `json:"source"`
 	Selection config.Selection `json:"selection"`
 	// Exclude is the tablet's own (automatic) exclude list; the stream's
-	// operator list is read with the QueryExclusions query.
+	// operator list is read with the QueryExclusions query (or this
+	// worker's watcher's fresh copy of it)...
 	Exclude []config.Exclusion `json:"exclude"`
+	// ...unless OperatorKnown: then Operator is that list, as the stream
+	// passed it when it started the tablet.
+	Operator      []config.Exclusion `json:"operator,omitempty"`
+	OperatorKnown bool               `json:"operatorKnown,omitempty"`
 }
 
 // Selection is the picker's choice.
@@ -94,9 +99,12 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 	if err != nil {
 		return Selection{}, fatalf("%v", err)
 	}
-	operator, err := a.operatorExclusions(ctx, in.Stream)
-	if err != nil {
-		return Selection{}, err
+	operator := in.Operator
+	if !in.OperatorKnown {
+		var err error
+		if operator, err = a.operatorExclusions(ctx, in.Stream); err != nil {
+			return Selection{}, err
+		}
 	}
 	exclude := append(append([]config.Exclusion(nil), in.Exclude...), operator...)
 	tablets, err := src.ListTablets(ctx)

@@ -230,6 +230,16 @@ func allStreaming(n int) func(workflows.StreamStatus) (bool, string) {
 	}
 }
 
+// offReplica reports whether every tablet streams, none from alias.
+func offReplica(st workflows.StreamStatus, alias string) bool {
+	for _, t := range st.Tablets {
+		if t.Replica == alias || t.State != workflows.Streaming {
+			return false
+		}
+	}
+	return true
+}
+
 // summary renders a status compactly for failure messages.
 func summary(st workflows.StreamStatus) string {
 	var b strings.Builder

@@ -140,10 +140,8 @@ func TestOperatorExclusionMovesTabletsOffAReplica(t *testing.T) {
 
 	e.signal("opx", "exclude", fmt.Sprintf(`{"aliases": [%q], "reason": "maintenance"}`, alias))
 	st = e.waitStatus("opx", "no tablet reads "+alias, 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
-		for _, tab := range st.Tablets {
-			if tab.Replica == alias || tab.State != workflows.Streaming {
-				return false, summary(st)
-			}
+		if !offReplica(st, alias) {
+			return false, summary(st)
 		}
 		return len(st.Exclude) == 1, summary(st)
 	})
@@ -181,10 +179,8 @@ func TestOperatorExclusionMovesTabletsOffAReplica(t *testing.T) {
 	down := busiest(st)
 	e.fault(&sourcepb.FaultRequest{Server: down, Down: true})
 	st = e.waitStatus("opx", "tablets leave the down server", time.Minute, func(st workflows.StreamStatus) (bool, string) {
-		for _, tab := range st.Tablets {
-			if tab.Replica == down || tab.State != workflows.Streaming {
-				return false, summary(st)
-			}
+		if !offReplica(st, down) {
+			return false, summary(st)
 		}
 		return true, ""
 	})

@@ -59,10 +59,8 @@ func TestStarterStartsWatchesAndDrivesAStream(t *testing.T) {
 	msg, err = e.starter("exclude", "starter", "--aliases", alias, "--reason", "starter test", "--ttl", "1h")
 	require.NoError(t, err, msg)
 	e.waitStatus("starter", "the exclusion in effect", 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
-		for _, tab := range st.Tablets {
-			if tab.Replica == alias || tab.State != workflows.Streaming {
-				return false, summary(st)
-			}
+		if !offReplica(st, alias) {
+			return false, summary(st)
 		}
 		return len(st.Exclude) == 1 && st.Exclude[0].Reason == "starter test", summary(st)
 	})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/workflows"
 )
 
 // chromium finds Debian's Chromium (.ci/run installs it).
@@ -37,7 +39,16 @@ func TestWebUIShowsTheStreamAndItsTablets(t *testing.T) {
 	e.startWorker()
 	out := filepath.Join(e.dir, "out")
 	run := e.startStream("webui", e.config(out, nil))
-	e.waitStatus("webui", "every tablet streaming", time.Minute, allStreaming(4))
+	st := e.waitStatus("webui", "every tablet streaming", time.Minute, allStreaming(4))
+	// An operator exclusion shows in the stream's memo too.
+	alias := busiest(st)
+	e.signal("webui", "exclude", fmt.Sprintf(`{"aliases": [%q], "reason": "web ui check", "ttl": "1h"}`, alias))
+	e.waitStatus("webui", "the exclusion in effect", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		if !offReplica(st, alias) {
+			return false, summary(st)
+		}
+		return len(st.Exclude) == 1, summary(st)
+	})
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.DisableGPU,
@@ -66,6 +77,7 @@ func TestWebUIShowsTheStreamAndItsTablets(t *testing.T) {
 	require.NoError(t, err, "the stream's details show its tablets' states")
 	require.Contains(t, page, "tabletStates")
 	require.Contains(t, page, `"TabletflowStream": "webui"`, "and its search attribute")
+	require.Contains(t, page, alias+" (web ui check) until", "and the operator's exclusions")
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	path := filepath.Join(e.dir, "webui-stream.png")

@@ -53,7 +53,10 @@ type stream struct {
 	st      *StreamState
 	log     log.Logger
 	reports workflow.ReceiveChannel
-	memo    map[string]int // the tablet-state counts last put in the memo
+	// memo and memoExclude are what the memo last got: tablet-state counts
+	// and the operator exclude list.
+	memo        map[string]int
+	memoExclude []string
 }
 
 func (s *stream) run(ctx workflow.Context) error {
@@ -298,6 +301,7 @@ func (s *stream) startTablets(ctx workflow.Context, ids []string, start source.C
 		})
 		fut := workflow.ExecuteChildWorkflow(cctx, TabletWorkflow, TabletInput{
 			Stream: s.id, Tablet: id, Config: s.cfg, Start: start, Tablets: total, Retention: s.st.Retention,
+			Exclude: s.exclusions(workflow.Now(ctx)),
 		}, (*TabletState)(nil))
 		futs = append(futs, started{id, fut})
 	}
@@ -379,12 +383,30 @@ func (s *stream) details(ctx workflow.Context) {
 	}
 	workflow.SetCurrentDetails(ctx, fmt.Sprintf("stream **%s**: %d tablets (%s), %d records written",
 		s.id, len(s.st.Tablets), strings.Join(parts, ", "), records))
-	if !maps.Equal(memo, s.memo) {
-		if err := workflow.UpsertMemo(ctx, map[string]any{"tabletStates": memo}); err != nil {
+	exclude := make([]string, 0, len(s.st.Exclude))
+	for _, e := range s.st.Exclude {
+		exclude = append(exclude, describeExclusion(e))
+	}
+	if !maps.Equal(memo, s.memo) || !slices.Equal(exclude, s.memoExclude) {
+		if err := workflow.UpsertMemo(ctx, map[string]any{"tabletStates": memo, "exclude": exclude}); err != nil {
 			s.log.Warn("memo not updated", "error", err)
 		}
-		s.memo = memo
+		s.memo, s.memoExclude = memo, exclude
 	}
+}
+
+// describeExclusion renders an operator exclusion for the memo:
+// "zone1-0000000101 (maintenance) until 2026-11-30T12:00:00Z".
+func describeExclusion(e config.Exclusion) string {
+	out := e.Alias
+	if e.Tablet != "" {
+		out += " on " + e.Tablet
+	}
+	out += " (" + e.Reason + ")"
+	if !e.Expires.IsZero() {
+		out += " until " + e.Expires.UTC().Format(time.RFC3339)
+	}
+	return out
 }
 
 // expiry turns a TTL into an instant (zero: never).

@@ -208,11 +208,16 @@ func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, erro
 		Summary: "select a replica of " + t.in.Tablet,
 	})
 	var sel activities.Selection
-	err := workflow.ExecuteLocalActivity(actx, a.SelectReplica, activities.SelectReplicaInput{
+	in := activities.SelectReplicaInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: t.in.Config.Source,
 		Selection: t.in.Config.Selection, Exclude: t.liveExclusions(ctx),
-	}).Get(ctx, &sel)
+	}
+	if !t.st.Selected {
+		in.Operator, in.OperatorKnown = t.in.Exclude, true
+	}
+	err := workflow.ExecuteLocalActivity(actx, a.SelectReplica, in).Get(ctx, &sel)
 	if err == nil {
+		t.st.Selected = true
 		return sel, nil
 	}
 	state := Retrying

@@ -122,6 +122,10 @@ type TabletInput struct {
 	// Retention is the source's retention: how long the tablet may be
 	// paused before its history expires (0: unknown).
 	Retention time.Duration `json:"retention"`
+	// Exclude is the stream's operator exclude list when the tablet was
+	// started: its first selection uses it instead of querying the stream
+	// (which is busy starting every tablet); later ones read the live list.
+	Exclude []config.Exclusion `json:"exclude,omitempty"`
 }
 
 // TabletState is everything a TabletWorkflow carries across
@@ -132,6 +136,8 @@ type TabletState struct {
 	// Exclude is the tablet's own automatic exclude list.
 	Exclude    []config.Exclusion `json:"exclude"`
 	LastReport time.Time          `json:"lastReport"`
+	// Selected is set once the tablet has selected a replica.
+	Selected bool `json:"selected,omitempty"`
 }
 
 // TabletWorkflowID is a tablet's workflow ID.

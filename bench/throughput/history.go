@@ -1,0 +1,261 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/converter"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+// historyCost runs the workload at rate for window while the flow stream
+// keeps streaming, then counts the history events the parent and the
+// first tablet's workflow recorded inside the window, per hour. From every
+// tablet's history it also takes how the tablets started, the gaps between
+// GetChanges runs and the batch size in the window. It leaves the workload
+// paused and the stream caught up.
+func (b *bench) historyCost(ctx context.Context, window time.Duration, rate float64, res *result) error {
+	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_RATE, rate); err != nil {
+		return err
+	}
+	cpu0 := b.cpu()
+	from := time.Now()
+	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_RESUME, 0); err != nil {
+		return err
+	}
+	logf("history: streaming at %.0f records/s for %v", rate, window)
+	if err := sleep(ctx, window); err != nil {
+		return err
+	}
+	to := time.Now()
+	res.CPUMeasure = b.cpu().minus(cpu0)
+	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_PAUSE, 0); err != nil {
+		return err
+	}
+	if _, err := b.quiesce(ctx); err != nil {
+		return err
+	}
+	res.MeasureWindowS = to.Sub(from).Seconds()
+	hours := to.Sub(from).Hours()
+
+	last, err := b.lastPositions(ctx)
+	if err != nil {
+		return err
+	}
+	runs, err := b.history(ctx, flowID)
+	if err != nil {
+		return err
+	}
+	parent := analyze(runs, from, to)
+	res.HistoryEventsParentPerHour = float64(parent.events) / hours
+	logf("history: %d events in %.0fs on %s: %s", parent.events, res.MeasureWindowS, flowID, parent)
+
+	var started, scheduled, firstRuns, gaps, decide, dispatch, wtWait []time.Duration
+	var records, batches int64
+	for i, tablet := range slices.Sorted(maps.Keys(last)) {
+		id := workflows.TabletWorkflowID(flowID, tablet)
+		runs, err := b.history(ctx, id)
+		if err != nil {
+			return err
+		}
+		h := analyze(runs, from, to)
+		if i == 0 {
+			res.HistoryEventsPerTabletPerHour = float64(h.events) / hours
+			logf("history: %d events in %.0fs on %s: %s", h.events, res.MeasureWindowS, id, h)
+		}
+		for _, at := range []struct {
+			t   time.Time
+			out *[]time.Duration
+		}{{h.started, &started}, {h.firstScheduled, &scheduled}, {h.firstRun, &firstRuns}} {
+			if !at.t.IsZero() {
+				*at.out = append(*at.out, at.t.Sub(b.flowStart))
+			}
+		}
+		gaps = append(gaps, h.gaps...)
+		decide = append(decide, h.decide...)
+		dispatch = append(dispatch, h.dispatch...)
+		wtWait = append(wtWait, h.wtWait...)
+		records += h.records
+		batches += h.batches
+	}
+	res.TabletStartedS = spreadOf(started)
+	res.TabletFirstScheduledS = spreadOf(scheduled)
+	res.TabletFirstRunS = spreadOf(firstRuns)
+	res.TabletGapBetweenRunsS = spreadOf(gaps)
+	res.TabletGapDecideS = spreadOf(decide)
+	res.TabletGapDispatchS = spreadOf(dispatch)
+	res.TabletWorkflowTaskWaitS = spreadOf(wtWait)
+	if batches > 0 {
+		res.SteadyBatchRecords = float64(records) / float64(batches)
+	}
+
+	// The stream keeps up: wait for it to ack what the window wrote.
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		p, err := b.progress(ctx, last)
+		if err != nil {
+			return err
+		}
+		if len(p.done) == len(last) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the stream did not catch up within 2m after the measurement")
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// history returns every run of a workflow's continue-as-new chain, oldest
+// first, each run's events in order.
+func (b *bench) history(ctx context.Context, id string) ([][]*historypb.HistoryEvent, error) {
+	var runs [][]*historypb.HistoryEvent
+	for runID := ""; ; {
+		it := b.temporal.GetWorkflowHistory(ctx, id, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		var events []*historypb.HistoryEvent
+		for it.HasNext() {
+			ev, err := it.Next()
+			if err != nil {
+				return nil, fmt.Errorf("history of %s: %w", id, err)
+			}
+			events = append(events, ev)
+		}
+		runs = append(runs, events)
+		if len(events) == 0 {
+			break
+		}
+		if runID = events[0].GetWorkflowExecutionStartedEventAttributes().GetContinuedExecutionRunId(); runID == "" {
+			break
+		}
+	}
+	slices.Reverse(runs)
+	return runs, nil
+}
+
+// historyStats is what a workflow's history says. It reads only events
+// every shape of the tablet workflow has (GetChanges is an activity; the
+// picker may be an activity or a local one), so it survives changes of
+// shape.
+type historyStats struct {
+	events int            // events in [from, to]
+	byType map[string]int // and by type
+	// When the workflow started, and its first GetChanges was scheduled
+	// and started.
+	started, firstScheduled, firstRun time.Time
+	// In the window: a GetChanges completed → the next one started (gaps),
+	// split into completed → next scheduled (the workflow deciding) and
+	// scheduled → started (dispatch to the worker); and workflow tasks'
+	// schedule-to-start latency.
+	gaps, decide, dispatch, wtWait []time.Duration
+	// GetChanges runs that started and completed in the window.
+	records, batches int64
+}
+
+func (h historyStats) String() string {
+	keys := slices.Sorted(maps.Keys(h.byType))
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%d", strings.TrimPrefix(k, "EVENT_TYPE_"), h.byType[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+// analyze reads a workflow's runs (oldest first).
+func analyze(runs [][]*historypb.HistoryEvent, from, to time.Time) historyStats {
+	h := historyStats{byType: map[string]int{}}
+	in := func(t time.Time) bool { return !t.Before(from) && !t.After(to) }
+	var lastDone, wtScheduled time.Time
+	for _, events := range runs {
+		getChanges := map[int64]bool{}     // scheduled event ID → is GetChanges
+		scheduled := map[int64]time.Time{} // scheduled event ID → when
+		started := map[int64]time.Time{}   // scheduled event ID → when
+		for _, ev := range events {
+			at := ev.GetEventTime().AsTime()
+			if in(at) {
+				h.events++
+				h.byType[ev.GetEventType().String()]++
+			}
+			switch ev.GetEventType() {
+			case enumspb.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+				if h.started.IsZero() {
+					h.started = at
+				}
+			case enumspb.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+				wtScheduled = at
+			case enumspb.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+				if in(wtScheduled) && in(at) {
+					h.wtWait = append(h.wtWait, at.Sub(wtScheduled))
+				}
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+				if ev.GetActivityTaskScheduledEventAttributes().GetActivityType().GetName() != "GetChanges" {
+					continue
+				}
+				getChanges[ev.GetEventId()] = true
+				scheduled[ev.GetEventId()] = at
+				if h.firstScheduled.IsZero() {
+					h.firstScheduled = at
+				}
+				if !lastDone.IsZero() && in(at) {
+					h.decide = append(h.decide, at.Sub(lastDone))
+				}
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+				// Written when the attempt ends, with the time it started.
+				id := ev.GetActivityTaskStartedEventAttributes().GetScheduledEventId()
+				if !getChanges[id] {
+					continue
+				}
+				started[id] = at
+				if h.firstRun.IsZero() {
+					h.firstRun = at
+				}
+				if !lastDone.IsZero() && in(at) {
+					h.gaps = append(h.gaps, at.Sub(lastDone))
+					h.dispatch = append(h.dispatch, at.Sub(scheduled[id]))
+				}
+				lastDone = time.Time{}
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+				a := ev.GetActivityTaskCompletedEventAttributes()
+				id := a.GetScheduledEventId()
+				if !getChanges[id] {
+					continue
+				}
+				lastDone = at
+				var r activities.GetChangesResult
+				if in(started[id]) && in(at) && converter.GetDefaultDataConverter().FromPayloads(a.GetResult(), &r) == nil {
+					h.records += r.Records
+					h.batches += r.Batches
+				}
+			}
+		}
+	}
+	return h
+}
+
+// spread summarises durations in seconds.
+type spread struct {
+	N      int     `json:"n"`
+	Min    float64 `json:"min"`
+	Median float64 `json:"median"`
+	Max    float64 `json:"max"`
+}
+
+func spreadOf(ds []time.Duration) spread {
+	if len(ds) == 0 {
+		return spread{}
+	}
+	ds = slices.Sorted(slices.Values(ds))
+	r := func(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
+	return spread{N: len(ds), Min: r(ds[0]), Median: r(ds[len(ds)/2]), Max: r(ds[len(ds)-1])}
+}

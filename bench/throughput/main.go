@@ -1,0 +1,695 @@
+// Command throughput measures tabletflow end to end against a raw loop, in
+// one run, over the same tabletd data, and writes a JSON result.
+//
+// It starts, in a temporary directory, a Temporal dev server and a tabletd
+// (16 tablets × 3 replicas, no workload, no follower lag), preloads it with
+// --records records through the admin Workload RPC, then:
+//
+//   - raw: one goroutine per tablet reads the PRIMARY replica
+//     (GetChanges, 1000 records, no wait) → JSONL sink write → commit →
+//     ack, until the tablet is caught up. This is the floor: the same source
+//     client and sink tabletflow uses, with no Temporal in the way.
+//   - tabletflow: a worker process and a StreamWorkflow with the same batch
+//     size, reading the same replica type into its own JSONL directory,
+//     timed from ExecuteWorkflow until tabletd says every tablet's acked
+//     checkpoint is its last position.
+//
+// Both sinks are checked against tabletd's digest of their stream (count,
+// additive hash, no duplicates). Then the workload runs at a moderate rate
+// for --measure-events while the stream keeps up, and the events the
+// parent and one tablet workflow add to their histories in that window are
+// extrapolated to an hour. Last, the worker's peak and current RSS.
+//
+// To say why the ratio is what it is, the result also carries the start-up
+// timeline (first ack, every tablet acking, first tablet done; from the
+// tablets' histories: the first SelectReplica and the first GetChanges
+// start), the gaps between GetChanges runs and the records per batch
+// while streaming, and the CPU seconds each process and the host used in
+// each phase (the host may be shared: see host_busy against 2 × wall).
+//
+// It is a program, not a testing.B, so that `go test`'s timeout cannot cut
+// it and so that it can run the real binaries.
+//
+//	go run ./bench/throughput --bin ./bin --out bench/results/throughput.json
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/sink/jsonl"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/source/tabletd"
+	"github.com/tabletflow/tabletflow/tabletd/digest"
+	"github.com/tabletflow/tabletflow/testbed"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+const (
+	keyspace   = "commerce"
+	taskQueue  = "bench"
+	rawStream  = "raw"
+	flowID     = "flow" // the StreamWorkflow's ID, hence its source-side stream
+	holdStream = "hold" // never read: holds the history for both readers
+	goalRatio  = 0.9
+	batchSize  = 1000
+)
+
+type result struct {
+	Date     string `json:"date"`
+	Tablets  int    `json:"tablets"`
+	Records  uint64 `json:"records"`
+	Verified bool   `json:"verified"`
+
+	RawRecordsPerS        float64 `json:"raw_records_per_s"`
+	RawSeconds            float64 `json:"raw_seconds"`
+	TabletflowRecordsPerS float64 `json:"tabletflow_records_per_s"`
+	TabletflowSeconds     float64 `json:"tabletflow_seconds"`
+	// TabletflowFirstAckS: from ExecuteWorkflow to the first checkpoint
+	// acked to tabletd (workflow, children, picker, first batch).
+	TabletflowFirstAckS float64 `json:"tabletflow_first_ack_s"`
+	// TabletflowAllStartedS: until every tablet had acked a batch;
+	// TabletflowFirstDoneS: until the first tablet was acked to its end.
+	TabletflowAllStartedS float64 `json:"tabletflow_all_tablets_acking_s"`
+	TabletflowFirstDoneS  float64 `json:"tabletflow_first_tablet_done_s"`
+	// Ratio is tabletflow / raw, end to end.
+	Ratio                       float64 `json:"ratio"`
+	TabletflowSteadyRecordsPerS float64 `json:"tabletflow_steady_records_per_s"`
+	SteadyRatio                 float64 `json:"steady_ratio"`
+	GoalRatio                   float64 `json:"goal_ratio"`
+	MeetsGoal                   bool    `json:"meets_goal"`
+
+	MeasureWindowS                float64 `json:"history_measure_window_s"`
+	MeasureRate                   float64 `json:"history_measure_records_per_s"`
+	HistoryEventsPerTabletPerHour float64 `json:"history_events_per_tablet_per_hour"`
+	HistoryEventsParentPerHour    float64 `json:"history_events_parent_per_hour"`
+	// From every tablet's history, from ExecuteWorkflow: when its workflow
+	// started and its first GetChanges was scheduled and started. In the
+	// measurement window: the gap between one GetChanges run's end and the
+	// next one's start, split into the workflow deciding (end → next
+	// scheduled) and dispatch (scheduled → started); workflow tasks'
+	// schedule-to-start; and the records per batch.
+	TabletStartedS          spread  `json:"tablet_workflow_started_s"`
+	TabletFirstScheduledS   spread  `json:"tablet_first_getchanges_scheduled_s"`
+	TabletFirstRunS         spread  `json:"tablet_first_getchanges_started_s"`
+	TabletGapBetweenRunsS   spread  `json:"tablet_gap_between_runs_s"`
+	TabletGapDecideS        spread  `json:"tablet_gap_decide_s"`
+	TabletGapDispatchS      spread  `json:"tablet_gap_dispatch_s"`
+	TabletWorkflowTaskWaitS spread  `json:"tablet_workflow_task_schedule_to_start_s"`
+	SteadyBatchRecords      float64 `json:"history_window_records_per_batch"`
+	// CPU seconds each process (and the whole host: busy, iowait) used
+	// during the raw loop, the tabletflow run and the history measurement:
+	// is it CPU-bound, and where does the CPU go. "bench" is this program.
+	CPUMeasure           map[string]float64 `json:"cpu_seconds_history_window"`
+	CPURaw               map[string]float64 `json:"cpu_seconds_raw"`
+	CPUTabletflow        map[string]float64 `json:"cpu_seconds_tabletflow"`
+	WorkerPeakRSSMiB     float64            `json:"worker_peak_rss_mib"`
+	WorkerRSSMiB         float64            `json:"worker_rss_mib"`
+	HostLoadAvg1mAtStart float64            `json:"host_load_avg_1m_at_start"`
+	Command              string             `json:"command"`
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "throughput:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	binDir := flag.String("bin", "./bin", "directory holding temporal, tabletd and worker")
+	tablets := flag.Int("tablets", 16, "tablets")
+	records := flag.Uint64("records", 1_200_000, "records to preload (at least; the exact total comes from the digest)")
+	// Above what tabletd can write (~100k records/s on 2 cores) its
+	// workload falls behind and catches up in ever larger steps that a
+	// pause cannot cut, so the preload would overshoot --records by up to 2×.
+	preloadRate := flag.Float64("preload-rate", 50_000, "workload rate while preloading, records/s; keep it below what tabletd sustains")
+	measure := flag.Duration("measure-events", 2*time.Minute, "how long to stream at --measure-rate while counting history events")
+	measureRate := flag.Float64("measure-rate", 2000, "workload rate during the history measurement, records/s")
+	out := flag.String("out", "", "write the result JSON here too")
+	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	bin, err := filepath.Abs(*binDir)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "tabletflow-throughput-")
+	if err != nil {
+		return err
+	}
+	b := &bench{bin: bin, dir: dir}
+	failed := true
+	defer func() {
+		b.stopAll()
+		if failed || *keep {
+			fmt.Fprintln(os.Stderr, "throughput: kept", dir)
+			if failed {
+				b.dumpLogs()
+			}
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+
+	res := result{Date: time.Now().UTC().Format(time.RFC3339), Tablets: *tablets, GoalRatio: goalRatio,
+		MeasureRate: *measureRate, HostLoadAvg1mAtStart: loadAvg(),
+		Command: "go run ./bench/throughput " + strings.Join(os.Args[1:], " ")}
+	if err := b.startTemporal(ctx); err != nil {
+		return err
+	}
+	if err := b.startTabletd(ctx, *tablets); err != nil {
+		return err
+	}
+	defer b.close()
+
+	// The source-side streams exist before anything is read: tabletd frees
+	// history below every stream's barrier, so "flow" must hold it while
+	// "raw" acks (the workflow's own EnsureStream finds it: idempotent).
+	// "hold" never acks, so no history is freed while either side reads:
+	// freeing costs tabletd CPU, and only the second reader would pay it.
+	for _, s := range []string{rawStream, flowID, holdStream} {
+		if _, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: s, StartFrom: source.StartEarliest}); err != nil {
+			return err
+		}
+	}
+	total, err := b.preload(ctx, *records, *preloadRate)
+	if err != nil {
+		return err
+	}
+	res.Records = total
+
+	rawDir := filepath.Join(dir, "raw")
+	cpu0 := b.cpu()
+	n, took, err := b.raw(ctx, rawDir)
+	res.CPURaw = b.cpu().minus(cpu0)
+	if err != nil {
+		return fmt.Errorf("raw: %w", err)
+	}
+	if n != total {
+		return fmt.Errorf("raw: read %d records, tabletd wrote %d", n, total)
+	}
+	res.RawSeconds = took.Seconds()
+	res.RawRecordsPerS = float64(total) / took.Seconds()
+	logf("raw: %d records in %v: %.0f records/s", total, took.Round(time.Millisecond), res.RawRecordsPerS)
+
+	if err := b.startWorker(ctx); err != nil {
+		return err
+	}
+	flowDir := filepath.Join(dir, "flow")
+	cpu0 = b.cpu()
+	fl, err := b.flow(ctx, flowDir, total)
+	res.CPUTabletflow = b.cpu().minus(cpu0)
+	if err != nil {
+		return fmt.Errorf("tabletflow: %w", err)
+	}
+	res.TabletflowSeconds = fl.wall.Seconds()
+	res.TabletflowRecordsPerS = float64(total) / fl.wall.Seconds()
+	res.TabletflowFirstAckS = fl.firstAck.Seconds()
+	res.TabletflowAllStartedS = fl.allStarted.Seconds()
+	res.TabletflowFirstDoneS = fl.firstDone.Seconds()
+	res.TabletflowSteadyRecordsPerS = fl.steady
+	res.Ratio = res.TabletflowRecordsPerS / res.RawRecordsPerS
+	res.SteadyRatio = res.TabletflowSteadyRecordsPerS / res.RawRecordsPerS
+	res.MeetsGoal = res.Ratio >= goalRatio
+	logf("tabletflow: %d records in %v: %.0f records/s end to end (first ack after %v, all tablets after %v), %.0f records/s steady",
+		total, fl.wall.Round(time.Millisecond), res.TabletflowRecordsPerS, fl.firstAck.Round(time.Millisecond),
+		fl.allStarted.Round(time.Millisecond), fl.steady)
+	logf("cpu seconds: raw %v; tabletflow %v", res.CPURaw, res.CPUTabletflow)
+
+	for _, v := range []struct{ stream, dir string }{{rawStream, rawDir}, {flowID, flowDir}} {
+		if err := b.verify(ctx, v.stream, v.dir, total); err != nil {
+			return err
+		}
+	}
+	res.Verified = true
+
+	if err := b.historyCost(ctx, *measure, *measureRate, &res); err != nil {
+		return fmt.Errorf("history cost: %w", err)
+	}
+	if err := b.verify(ctx, flowID, flowDir, 0); err != nil {
+		return fmt.Errorf("after the history measurement: %w", err)
+	}
+
+	if res.WorkerRSSMiB, res.WorkerPeakRSSMiB, err = testbed.Memory(b.worker.cmd.Process.Pid); err != nil {
+		return fmt.Errorf("worker memory: %w", err)
+	}
+
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(data))
+	if *out != "" {
+		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	failed = false
+	return nil
+}
+
+// bench is the run's world: child processes and clients.
+type bench struct {
+	bin, dir string
+
+	mu    sync.Mutex
+	procs []*proc
+
+	temporalAddr string
+	temporal     client.Client
+	tdAddr       string
+	conn         *grpc.ClientConn
+	admin        sourcepb.AdminClient
+	topo         sourcepb.TopologyClient
+	src          *tabletd.Client
+	worker       *proc
+	flowStart    time.Time // when the StreamWorkflow was started
+}
+
+// startTemporal runs a Temporal dev server on free ports with the search
+// attributes registered and waits until it answers. A port picked free can
+// be taken before the server binds it (the server opens more ports of its
+// own), so a server that exits at start is tried again on other ports.
+func (b *bench) startTemporal(ctx context.Context) error {
+	db := filepath.Join(b.dir, "t.db")
+	for attempt := 1; ; attempt++ {
+		port := freePort()
+		b.temporalAddr = fmt.Sprintf("127.0.0.1:%d", port)
+		args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", strconv.Itoa(port),
+			"--ui-port", strconv.Itoa(freePort()), "--http-port", strconv.Itoa(freePort()),
+			"--metrics-port", strconv.Itoa(freePort()), "--db-filename", db, "--log-level", "warn"}
+		for _, sa := range workflows.SearchAttributes {
+			args = append(args, "--search-attribute", sa+"=Keyword")
+		}
+		p, err := b.start("temporal", args...)
+		if err != nil {
+			return err
+		}
+		err = waitFor(ctx, p, "Temporal dev server", 90*time.Second, func() error {
+			c, err := client.Dial(client.Options{HostPort: b.temporalAddr, Logger: testbed.Quiet{}})
+			if err != nil {
+				return err
+			}
+			if _, err := c.CheckHealth(ctx, &client.CheckHealthRequest{}); err != nil {
+				c.Close()
+				return err
+			}
+			b.temporal = c
+			return nil
+		})
+		if err == nil || !p.exited() || attempt == 3 {
+			return err
+		}
+		logf("%v; trying other ports", err)
+		_ = os.Rename(p.log, fmt.Sprintf("%s.%d", p.log, attempt))
+		_ = os.Remove(db)
+	}
+}
+
+// startTabletd runs tabletd with no workload and no follower lag.
+func (b *bench) startTabletd(ctx context.Context, tablets int) error {
+	b.tdAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
+	p, err := b.start("tabletd", "serve", "--listen", b.tdAddr, "--tablets", strconv.Itoa(tablets), "--replicas", "3",
+		"--rate", "0", "--lag", "0s", "--retention", "1h", "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	if b.conn, err = grpc.NewClient(b.tdAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return err
+	}
+	b.admin, b.topo = sourcepb.NewAdminClient(b.conn), sourcepb.NewTopologyClient(b.conn)
+	if b.src, err = tabletd.Dial(b.tdAddr, keyspace); err != nil {
+		return err
+	}
+	return waitFor(ctx, p, "tabletd", 30*time.Second, func() error {
+		_, err := b.admin.Workload(ctx, &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
+		return err
+	})
+}
+
+// startWorker runs a worker process on the bench task queue and waits until
+// it polls both the workflow and the activity task queue, so its start-up
+// is not timed.
+func (b *bench) startWorker(ctx context.Context) error {
+	p, err := b.start("worker", "--address", b.temporalAddr, "--task-queue", taskQueue, "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	b.worker = p
+	return waitFor(ctx, p, "worker", 60*time.Second, func() error {
+		for _, typ := range []enumspb.TaskQueueType{enumspb.TASK_QUEUE_TYPE_WORKFLOW, enumspb.TASK_QUEUE_TYPE_ACTIVITY} {
+			d, err := b.temporal.DescribeTaskQueue(ctx, taskQueue, typ)
+			if err != nil {
+				return err
+			}
+			if len(d.GetPollers()) == 0 {
+				return fmt.Errorf("no %s poller yet", typ)
+			}
+		}
+		return nil
+	})
+}
+
+func (b *bench) close() {
+	if b.temporal != nil {
+		b.temporal.Close()
+	}
+	if b.src != nil {
+		_ = b.src.Close()
+	}
+	if b.conn != nil {
+		_ = b.conn.Close()
+	}
+}
+
+func (b *bench) workload(ctx context.Context, action sourcepb.WorkloadRequest_Action, rate float64) (*sourcepb.WorkloadResponse, error) {
+	w, err := b.admin.Workload(ctx, &sourcepb.WorkloadRequest{Action: action, Rate: rate})
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: %w", action, err)
+	}
+	return w, nil
+}
+
+// preload writes at least n records at rate, pauses the workload, and
+// returns the exact total from tabletd's digest.
+func (b *bench) preload(ctx context.Context, n uint64, rate float64) (uint64, error) {
+	began := time.Now()
+	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_RATE, rate); err != nil {
+		return 0, err
+	}
+	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_RESUME, 0); err != nil {
+		return 0, err
+	}
+	for {
+		w, err := b.workload(ctx, sourcepb.WorkloadRequest_STATUS, 0)
+		if err != nil {
+			return 0, err
+		}
+		if w.Records >= n {
+			break
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_PAUSE, 0); err != nil {
+		return 0, err
+	}
+	// A step of the workload may still be writing: wait for the count to
+	// stop moving.
+	if _, err := b.quiesce(ctx); err != nil {
+		return 0, err
+	}
+	d, err := b.admin.Digest(ctx, &sourcepb.DigestRequest{})
+	if err != nil {
+		return 0, fmt.Errorf("digest: %w", err)
+	}
+	logf("preload: %d records in %v (%.0f records/s)", d.Records, time.Since(began).Round(time.Millisecond),
+		float64(d.Records)/time.Since(began).Seconds())
+	return d.Records, nil
+}
+
+// quiesce waits until the workload's record count stops moving.
+func (b *bench) quiesce(ctx context.Context) (uint64, error) {
+	var prev uint64
+	for i := 0; ; i++ {
+		w, err := b.workload(ctx, sourcepb.WorkloadRequest_STATUS, 0)
+		if err != nil {
+			return 0, err
+		}
+		if i > 0 && w.Records == prev {
+			return prev, nil
+		}
+		prev = w.Records
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// raw reads every tablet's PRIMARY into a JSONL sink at dir, one goroutine
+// per tablet, until each is caught up, and returns the records and the
+// wall time.
+func (b *bench) raw(ctx context.Context, dir string) (uint64, time.Duration, error) {
+	tablets, err := b.src.ListTablets(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	snk, err := jsonl.New(dir, rawStream)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer snk.Close()
+	var (
+		count atomic.Uint64
+		wg    sync.WaitGroup
+		errs  = make([]error, len(tablets))
+	)
+	primaries := make([]source.Replica, len(tablets))
+	for i, t := range tablets {
+		p := slices.IndexFunc(t.Replicas, func(r source.Replica) bool { return r.Type == source.TypePrimary })
+		if p < 0 {
+			return 0, 0, fmt.Errorf("tablet %s has no PRIMARY", t.ID)
+		}
+		primaries[i] = t.Replicas[p]
+	}
+	began := time.Now()
+	for i, r := range primaries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = rawTablet(ctx, b.src, snk, r, &count)
+		}()
+	}
+	wg.Wait()
+	took := time.Since(began)
+	if err := errors.Join(errs...); err != nil {
+		return 0, 0, err
+	}
+	return count.Load(), took, nil
+}
+
+// rawTablet is the raw loop for one tablet: GetChanges → Write → Commit →
+// Ack until an empty, caught-up batch.
+func rawTablet(ctx context.Context, src *tabletd.Client, snk *jsonl.Sink, r source.Replica, count *atomic.Uint64) error {
+	w, err := snk.Open(ctx, r.Tablet)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	rd, err := src.OpenReplica(ctx, r)
+	if err != nil {
+		return err
+	}
+	cp := w.Checkpoint()
+	for {
+		batch, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: rawStream, Tablet: r.Tablet, From: cp,
+			MaxRecords: batchSize, MaxWait: 0})
+		if err != nil {
+			return err
+		}
+		if len(batch.Records) == 0 {
+			if batch.CaughtUp {
+				return nil
+			}
+			continue
+		}
+		if err := w.Write(ctx, batch.Records); err != nil {
+			return err
+		}
+		if err := w.Commit(ctx, batch.Checkpoint); err != nil {
+			return err
+		}
+		if err := rd.Ack(ctx, rawStream, r.Tablet, batch.Checkpoint); err != nil {
+			return err
+		}
+		cp = batch.Checkpoint
+		count.Add(uint64(len(batch.Records)))
+	}
+}
+
+type flowResult struct {
+	wall       time.Duration
+	firstAck   time.Duration // the first tablet acked a batch
+	allStarted time.Duration // every tablet has acked a batch
+	firstDone  time.Duration // the first tablet is acked to its end
+	steady     float64       // records/s from 5% acked to done
+}
+
+// flow starts the StreamWorkflow and times it until tabletd says every
+// tablet's acked checkpoint is the tablet's last position.
+func (b *bench) flow(ctx context.Context, dir string, total uint64) (flowResult, error) {
+	var res flowResult
+	last, err := b.lastPositions(ctx)
+	if err != nil {
+		return res, err
+	}
+	cfg, err := json.Marshal(map[string]any{
+		"source": map[string]any{"kind": "tabletd", "address": b.tdAddr, "keyspace": keyspace},
+		"sink":   map[string]any{"kind": "jsonl", "path": dir},
+		// The raw loop reads PRIMARY replicas; so does this (first choice).
+		"selection": map[string]any{"tabletTypes": []string{"PRIMARY", "REPLICA", "RDONLY"}},
+		"batch":     map[string]any{"maxRecords": batchSize, "maxWait": "500ms"},
+		"run":       map[string]any{"duration": "1m", "heartbeatTimeout": "10s"},
+	})
+	if err != nil {
+		return res, err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	began := time.Now()
+	b.flowStart = began
+	run, err := b.temporal.ExecuteWorkflow(wctx, client.StartWorkflowOptions{ID: flowID, TaskQueue: taskQueue},
+		"StreamWorkflow", json.RawMessage(cfg))
+	if err != nil {
+		return res, fmt.Errorf("start the stream: %w", err)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- run.Get(wctx, nil) }()
+
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var (
+		at5     time.Duration
+		acked5  uint64
+		logged  time.Time
+		timeout = time.After(15 * time.Minute)
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case err := <-ended:
+			return res, fmt.Errorf("the stream workflow ended before it caught up: %v", err)
+		case <-timeout:
+			return res, errors.New("not caught up within 15m")
+		case <-tick.C:
+		}
+		p, err := b.progress(ctx, last)
+		if err != nil {
+			return res, err
+		}
+		now := time.Since(began)
+		if p.acked > 0 && res.firstAck == 0 {
+			res.firstAck = now
+		}
+		if len(p.started) == len(last) && res.allStarted == 0 {
+			res.allStarted = now
+		}
+		if len(p.done) > 0 && res.firstDone == 0 {
+			res.firstDone = now
+		}
+		if at5 == 0 && p.acked*20 >= total {
+			at5, acked5 = now, p.acked
+		}
+		if time.Since(logged) >= time.Second {
+			logged = time.Now()
+			logf("tabletflow: %v: %d of %d records acked, %d tablets acking, %d done",
+				now.Round(100*time.Millisecond), p.acked, total, len(p.started), len(p.done))
+		}
+		if len(p.done) == len(last) {
+			res.wall = now
+			if res.wall > at5 {
+				res.steady = float64(total-acked5) / (res.wall - at5).Seconds()
+			}
+			return res, nil
+		}
+	}
+}
+
+// lastPositions returns each tablet's last position, from the topology.
+func (b *bench) lastPositions(ctx context.Context) (map[string]source.Checkpoint, error) {
+	resp, err := b.topo.ListTablets(ctx, &sourcepb.ListTabletsRequest{Keyspace: keyspace})
+	if err != nil {
+		return nil, fmt.Errorf("list tablets: %w", err)
+	}
+	out := map[string]source.Checkpoint{}
+	for _, t := range resp.Tablets {
+		cp, err := source.ParseCheckpoint(t.LastPosition)
+		if err != nil {
+			return nil, fmt.Errorf("tablet %s: %w", t.Id, err)
+		}
+		out[t.Id] = cp
+	}
+	return out, nil
+}
+
+// streamProgress is where the flow stream is, as tabletd sees it.
+type streamProgress struct {
+	acked   uint64          // records acked: acked index − start index, summed
+	started map[string]bool // tablets with an ack
+	done    map[string]bool // tablets acked up to their last position
+}
+
+// progress reads the flow stream's per-tablet acks from tabletd.
+func (b *bench) progress(ctx context.Context, last map[string]source.Checkpoint) (streamProgress, error) {
+	p := streamProgress{started: map[string]bool{}, done: map[string]bool{}}
+	s, err := b.topo.DescribeStream(ctx, &sourcepb.DescribeStreamRequest{Stream: flowID})
+	if err != nil {
+		return p, fmt.Errorf("describe stream %s: %w", flowID, err)
+	}
+	for _, t := range s.Tablets {
+		start, err1 := source.ParseCheckpoint(t.Start)
+		ack, err2 := source.ParseCheckpoint(t.Acked)
+		if err := errors.Join(err1, err2); err != nil {
+			return p, fmt.Errorf("tablet %s: %w", t.Tablet, err)
+		}
+		if ack.Compare(start) > 0 {
+			p.acked += ack.Index - start.Index
+			p.started[t.Tablet] = true
+		}
+		if l, ok := last[t.Tablet]; ok && (ack.Compare(l) >= 0 || l.Compare(start) <= 0) {
+			p.done[t.Tablet] = true
+		}
+	}
+	return p, nil
+}
+
+// verify checks that the JSONL directory holds exactly what tabletd says
+// the stream is due: count and hash, no (tablet, position) twice. want, if
+// not zero, is the record count the stream must be due.
+func (b *bench) verify(ctx context.Context, stream, dir string, want uint64) error {
+	due, err := b.admin.Digest(ctx, &sourcepb.DigestRequest{Stream: stream})
+	if err != nil {
+		return fmt.Errorf("digest of %s: %w", stream, err)
+	}
+	got, err := jsonl.DigestDir(dir)
+	if err != nil {
+		return fmt.Errorf("read sink of %s: %w", stream, err)
+	}
+	if want != 0 && due.Records != want {
+		return fmt.Errorf("stream %s is due %d records, tabletd wrote %d", stream, due.Records, want)
+	}
+	if due.Records != got.Total.Records || due.Hash != got.Total.Hash || len(got.Duplicates) > 0 {
+		return fmt.Errorf("stream %s: due %d records hash %s, sink has %d records hash %s, %d duplicated positions",
+			stream, due.Records, digest.HashHex(due.Hash), got.Total.Records, digest.HashHex(got.Total.Hash), len(got.Duplicates))
+	}
+	logf("verify %s: %d records, hash %s, no duplicates", stream, got.Total.Records, digest.HashHex(got.Total.Hash))
+	return nil
+}
