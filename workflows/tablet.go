@@ -327,8 +327,10 @@ func (t *tablet) onError(ctx workflow.Context, sel activities.Selection, runErr 
 		// The picker's health filter skips it: re-select at once.
 		return false, nil
 	case isType(runErr, activities.ErrRetryElsewhere):
-		t.exclude(ctx, sel, d.Reason, now)
-		return false, nil
+		if t.exclude(ctx, sel, d.Reason, now) {
+			return false, nil // another replica, at once
+		}
+		return false, t.wait(ctx) // the last one: again, with capped backoff
 	case isType(runErr, activities.ErrTabletSplit) && d.Split != nil:
 		t.advance(d.Split.Handoff)
 		t.st.Status.Children = d.Split.Children
@@ -350,17 +352,18 @@ func (t *tablet) onError(ctx workflow.Context, sel activities.Selection, runErr 
 
 // exclude adds the replica to the tablet's own exclude list for
 // autoExcludeTTL, unless it is the last eligible replica: that one is kept
-// and retried with capped backoff.
-func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason string, now time.Time) {
+// and retried with capped backoff. It reports whether it excluded.
+func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason string, now time.Time) bool {
 	if sel.Candidates <= 1 {
 		t.log.Warn("not excluding the last eligible replica", "replica", sel.Replica.Alias, "reason", reason)
-		return
+		return false
 	}
 	t.st.Exclude = append(t.st.Exclude, config.Exclusion{
 		Alias: sel.Replica.Alias, Tablet: t.in.Tablet, Reason: reason,
 		Expires: now.Add(t.in.Config.AutoExcludeTTL.D()),
 	})
 	t.st.Status.Excluded = t.liveExclusions(ctx)
+	return true
 }
 
 // liveExclusions drops expired automatic entries and returns the rest.

@@ -233,3 +233,30 @@ func clientOptions(id string) (o startOptions) {
 	o.ID = id
 	return o
 }
+
+func TestLastEligibleReplicaIsRetriedWithBackoffNotExcluded(t *testing.T) {
+	env := newEnv(t)
+	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 1}, nil)
+	runs := 0
+	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
+			runs++
+			return activities.GetChangesResult{}, temporal.NewNonRetryableApplicationError("lost history", activities.ErrRetryElsewhere, nil,
+				activities.ErrorDetails{Reason: "POSITION_MISMATCH", Replica: in.Replica.Alias})
+		})
+	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
+	var status TabletStatus
+	env.RegisterDelayedCallback(func() {
+		v, err := env.QueryWorkflow(QueryStatus)
+		require.NoError(t, err)
+		require.NoError(t, v.Get(&status))
+		env.CancelWorkflow()
+	}, 10*time.Minute)
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, (*TabletState)(nil))
+
+	// Backoff doubles to 30 s: ten minutes hold about 25 runs, not thousands.
+	require.Greater(t, runs, 5)
+	require.Less(t, runs, 40, "a single-replica tablet backs off")
+	require.Empty(t, status.Excluded, "the last eligible replica is never excluded automatically")
+}
