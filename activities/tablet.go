@@ -119,15 +119,17 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	if activity.HasHeartbeatDetails(ctx) {
 		_ = activity.GetHeartbeatDetails(ctx, &hb)
 	}
-	res := GetChangesResult{Checkpoint: source.Max(in.Checkpoint, hb.Checkpoint)}
+	// Counts carry over from earlier attempts of this run, so records a
+	// failed attempt committed are not lost from the tablet's counters.
+	res := GetChangesResult{Checkpoint: source.Max(in.Checkpoint, hb.Checkpoint), Records: hb.Records, Batches: hb.Batches}
 	lastSuccess := hb.LastSuccess
 	if lastSuccess.IsZero() {
 		lastSuccess = a.now()
 	}
 	fail := func(err error) (GetChangesResult, error) {
 		// Recorded so the next attempt can report why this one failed.
-		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: hb.Records + res.Records,
-			Batches: hb.Batches + res.Batches, LastError: err.Error(), LastSuccess: lastSuccess})
+		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: res.Records,
+			Batches: res.Batches, LastError: err.Error(), LastSuccess: lastSuccess})
 		return res, err
 	}
 	headroom := func() time.Duration {
@@ -228,8 +230,8 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		}
 		lastSuccess = a.now()
 		a.Metrics.Batch(in.Stream, in.Tablet, len(batch.Records), lastSuccess.Sub(began), res.LagSeconds, headroom())
-		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: hb.Records + res.Records,
-			Batches: hb.Batches + res.Batches, LastSuccess: lastSuccess})
+		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: res.Records,
+			Batches: res.Batches, LastSuccess: lastSuccess})
 		if !recovered {
 			recovered = true
 			a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: in.Replica.Alias})
