@@ -41,3 +41,14 @@ func NewZap(level, format string) (*zap.Logger, error) {
 	cfg.Level = lvl
 	return cfg.Build()
 }
+
+// Quiet is a Temporal SDK logger that drops everything: for tools that
+// print what matters themselves (the starter, tests, benchmarks).
+type Quiet struct{}
+
+var _ log.Logger = Quiet{}
+
+func (Quiet) Debug(string, ...any) {}
+func (Quiet) Info(string, ...any)  {}
+func (Quiet) Warn(string, ...any)  {}
+func (Quiet) Error(string, ...any) {}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/tabletd/digest"
@@ -123,7 +124,7 @@ func newEnv(t *testing.T, tabletdArgs ...string) *env {
 		_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err == nil, fmt.Sprint(err)
 	})
-	c, err := client.Dial(client.Options{HostPort: temporalAddr, Logger: testbed.Quiet{}})
+	c, err := client.Dial(client.Options{HostPort: temporalAddr, Logger: connect.Quiet{}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	e.temporal = c

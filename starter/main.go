@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/connect"
@@ -87,7 +88,7 @@ func newFlags(name string, stderr io.Writer, conn *connect.Flags) *flag.FlagSet 
 }
 
 func dial(conn *connect.Flags) (client.Client, client.Options, error) {
-	opts, err := conn.Options(quiet{})
+	opts, err := conn.Options(connect.Quiet{})
 	if err != nil {
 		return nil, opts, err
 	}
@@ -130,7 +131,7 @@ func start(args []string, stdout, stderr io.Writer) error {
 		ID:                    *id,
 		TaskQueue:             *taskQueue,
 		StaticSummary:         "CDC stream " + *id,
-		TypedSearchAttributes: temporalSA(*id),
+		TypedSearchAttributes: temporal.NewSearchAttributes(workflows.SAStream.ValueSet(*id)),
 	}, "StreamWorkflow", json.RawMessage(data))
 	if err != nil {
 		return fmt.Errorf("start stream %s: %w", *id, err)

@@ -21,6 +21,7 @@ import (
 
 	"go.temporal.io/sdk/client"
 
+	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -40,7 +41,9 @@ func Start(logPath, bin string, args ...string) (*Proc, error) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so Stop reaches whatever it starts; and killed
+	// if the starting program dies without its cleanup.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", bin, err)
@@ -52,6 +55,16 @@ func Start(logPath, bin string, args ...string) (*Proc, error) {
 
 // Pid is the process ID.
 func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
 
 // Log is the path of the process's log.
 func (p *Proc) Log() string { return p.log }
@@ -147,7 +160,7 @@ func StartDevServer(temporalCLI, dir string, extra ...string) (*DevServer, error
 	s.Proc = p
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		c, err := client.Dial(client.Options{HostPort: s.Addr, Logger: Quiet{}})
+		c, err := client.Dial(client.Options{HostPort: s.Addr, Logger: connect.Quiet{}})
 		if err == nil {
 			_, err = c.CheckHealth(context.Background(), &client.CheckHealthRequest{})
 			c.Close()
@@ -186,11 +199,3 @@ func Memory(pid int) (rss, hwm float64, err error) {
 	}
 	return rss, hwm, sc.Err()
 }
-
-// Quiet is a Temporal SDK logger that drops everything.
-type Quiet struct{}
-
-func (Quiet) Debug(string, ...any) {}
-func (Quiet) Info(string, ...any)  {}
-func (Quiet) Warn(string, ...any)  {}
-func (Quiet) Error(string, ...any) {}

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/testbed"
@@ -87,7 +88,7 @@ func run() error {
 		return err
 	}
 	defer server.Stop()
-	c, err := client.Dial(client.Options{HostPort: server.Addr, Logger: testbed.Quiet{}})
+	c, err := client.Dial(client.Options{HostPort: server.Addr, Logger: connect.Quiet{}})
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
@@ -253,7 +254,7 @@ func run() error {
 		return fmt.Errorf("after the history measurement: %w", err)
 	}
 
-	if res.WorkerRSSMiB, res.WorkerPeakRSSMiB, err = testbed.Memory(b.worker.cmd.Process.Pid); err != nil {
+	if res.WorkerRSSMiB, res.WorkerPeakRSSMiB, err = testbed.Memory(b.worker.Pid()); err != nil {
 		return fmt.Errorf("worker memory: %w", err)
 	}
 
@@ -312,7 +313,7 @@ func (b *bench) startTemporal(ctx context.Context) error {
 			return err
 		}
 		err = waitFor(ctx, p, "Temporal dev server", 90*time.Second, func() error {
-			c, err := client.Dial(client.Options{HostPort: b.temporalAddr, Logger: testbed.Quiet{}})
+			c, err := client.Dial(client.Options{HostPort: b.temporalAddr, Logger: connect.Quiet{}})
 			if err != nil {
 				return err
 			}
@@ -323,11 +324,11 @@ func (b *bench) startTemporal(ctx context.Context) error {
 			b.temporal = c
 			return nil
 		})
-		if err == nil || !p.exited() || attempt == 3 {
+		if err == nil || !p.Exited() || attempt == 3 {
 			return err
 		}
 		logf("%v; trying other ports", err)
-		_ = os.Rename(p.log, fmt.Sprintf("%s.%d", p.log, attempt))
+		_ = os.Rename(p.Log(), fmt.Sprintf("%s.%d", p.Log(), attempt))
 		_ = os.Remove(db)
 	}
 }

@@ -5,70 +5,33 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/tabletflow/tabletflow/testbed"
 )
 
-// proc is a child process in its own process group, its output in a log
-// file under the run's directory.
+// proc is a named child process (testbed.Proc: own process group, log
+// file under the run's directory).
 type proc struct {
-	name, log string
-	cmd       *exec.Cmd
-	done      chan struct{}
-	once      sync.Once
+	*testbed.Proc
+	name string
 }
 
 func (b *bench) start(name string, args ...string) (*proc, error) {
-	logPath := filepath.Join(b.dir, name+".log")
-	f, err := os.Create(logPath)
+	tp, err := testbed.Start(filepath.Join(b.dir, name+".log"), filepath.Join(b.bin, name), args...)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(b.bin, name), args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	// Own process group, so stop reaches whatever it starts; and killed
-	// if this program dies without its deferred cleanup.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
+	p := &proc{Proc: tp, name: name}
 	b.mu.Lock()
 	b.procs = append(b.procs, p)
 	b.mu.Unlock()
 	return p, nil
-}
-
-// stop sends the process group SIGTERM, then SIGKILL after 15 s.
-func (p *proc) stop() {
-	p.once.Do(func() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
-		}
-	})
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // stopAll stops every child, the last started first.
@@ -77,18 +40,14 @@ func (b *bench) stopAll() {
 	procs := slices.Clone(b.procs)
 	b.mu.Unlock()
 	for _, p := range slices.Backward(procs) {
-		p.stop()
+		p.Stop()
 	}
 }
 
 // dumpLogs prints the end of each child's log.
 func (b *bench) dumpLogs() {
 	for _, p := range b.procs {
-		data, _ := os.ReadFile(p.log)
-		if len(data) > 3000 {
-			data = data[len(data)-3000:]
-		}
-		fmt.Fprintf(os.Stderr, "--- %s (%s) ---\n%s\n", p.name, p.log, data)
+		fmt.Fprintf(os.Stderr, "--- %s (%s) ---\n%s\n", p.name, p.Log(), p.Tail())
 	}
 }
 
@@ -101,7 +60,7 @@ func waitFor(ctx context.Context, p *proc, what string, within time.Duration, re
 		if err == nil {
 			return nil
 		}
-		if p.exited() {
+		if p.Exited() {
 			return fmt.Errorf("%s exited: %v", what, err)
 		}
 		if time.Now().After(deadline) {
@@ -136,7 +95,7 @@ func (b *bench) cpu() cpuSnapshot {
 	out := cpuSnapshot{}
 	b.mu.Lock()
 	for _, p := range b.procs {
-		if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)); err == nil {
+		if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid())); err == nil {
 			// Fields after the command name, which ends with the last ')':
 			// state is the first, utime the 12th, stime the 13th.
 			f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
