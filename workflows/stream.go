@@ -98,7 +98,7 @@ func (s *stream) run(ctx workflow.Context) error {
 	if err := workflow.UpsertTypedSearchAttributes(ctx, SAStream.ValueSet(s.id)); err != nil {
 		s.log.Warn("search attributes not updated", "error", err)
 	}
-	var expiry expiryTimer
+	var exclusionEnds expiryTimer
 	for {
 		if err := ctx.Err(); err != nil {
 			// Cancelled: the tablets (abandoned children) stop by
@@ -130,8 +130,8 @@ func (s *stream) run(ctx workflow.Context) error {
 					s.onSignal(ctx, name, raw)
 				})
 			}
-			if t := expiry.next(ctx, s.nextExpiry()); t != nil {
-				sel.AddFuture(t, func(workflow.Future) { expiry.fired(); s.onExpiry(ctx) })
+			if t := exclusionEnds.next(ctx, s.nextExpiry()); t != nil {
+				sel.AddFuture(t, func(workflow.Future) { exclusionEnds.fired(); s.onExpiry(ctx) })
 			}
 			sel.Select(ctx)
 			s.details(ctx)

@@ -283,16 +283,6 @@ func (c *Cluster) Close() {
 	c.wg.Wait()
 }
 
-// ServerAddr returns a tablet server's address ("" if unknown).
-func (c *Cluster) ServerAddr(alias string) string {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if ts := c.byAlias[alias]; ts != nil {
-		return ts.advertised
-	}
-	return ""
-}
-
 // refreshActive recomputes the tablets taking writes, in key order.
 // Callers hold mu.
 func (c *Cluster) refreshActive() {
