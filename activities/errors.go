@@ -20,10 +20,18 @@ const (
 	ErrFatal             = "Fatal"
 	ErrFenced            = "Fenced"
 	ErrNoEligibleReplica = "NoEligibleReplica"
+	// ErrSinkUnavailable: the sink cannot take writes right now (its lock
+	// is held, it is unreachable). Never counted against the replica: the
+	// tablet waits with backoff and runs again on the same replica.
+	ErrSinkUnavailable = "SinkUnavailable"
+	// ErrSinkFailed: the sink cannot take this tablet's data at all (a
+	// corrupt sink, a record it cannot write): the tablet goes Failed with
+	// the reason, whatever replica it reads.
+	ErrSinkFailed = "SinkFailed"
 )
 
 // NonRetryable lists the types above, for activity retry policies.
-var NonRetryable = []string{ErrRetryElsewhere, ErrReplicaUnhealthy, ErrTabletSplit, ErrStreamExpired, ErrFatal, ErrFenced, ErrNoEligibleReplica}
+var NonRetryable = []string{ErrRetryElsewhere, ErrReplicaUnhealthy, ErrTabletSplit, ErrStreamExpired, ErrFatal, ErrFenced, ErrNoEligibleReplica, ErrSinkUnavailable, ErrSinkFailed}
 
 // SplitDetails ride on a TabletSplit error.
 type SplitDetails struct {

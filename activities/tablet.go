@@ -55,7 +55,11 @@ type GetChangesInput struct {
 	Sink       config.Sink       `json:"sink"`
 	Replica    source.Replica    `json:"replica"`
 	Checkpoint source.Checkpoint `json:"checkpoint"`
-	Batch      config.Batch      `json:"batch"`
+	// Start is where the tablet started (a split's hand-off, or zero): a
+	// sink that holds nothing for the tablet is expected only while the
+	// workflow's checkpoint is still Start.
+	Start source.Checkpoint `json:"start,omitzero"`
+	Batch config.Batch      `json:"batch"`
 	// RunFor bounds the run; it returns after about this long.
 	RunFor config.Duration `json:"runFor"`
 	// Retention is the source's retention, for the headroom metric (0:
