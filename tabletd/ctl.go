@@ -31,7 +31,9 @@ commands:
   digest [--stream ID]                records produced (or due to stream ID) and their hash
   fault --server ALIAS [--tablet ID] [--down] [--not-serving] [--position-mismatch]
         [--code CODE [--error-rate R]] [--latency D] [--lag D] [--unhealthy]
+  fault --topology-down [--for D]     Topology RPCs answer UNAVAILABLE (for D, or until healed)
   heal --server ALIAS [--tablet ID]   undo a server's (or one replica's) faults
+  heal --topology                     end --topology-down
   split --tablet ID                   split a tablet in two
   tail --tablet ID [--from POS]       print a tablet's changes as they are written
   stream describe|delete ID           a source-side stream
@@ -245,7 +247,7 @@ func ctlDigest(ctx context.Context, cl ctlClients, args []string, stdout, stderr
 func ctlFault(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
 	fs := flags("fault", stderr)
 	req := &sourcepb.FaultRequest{}
-	fs.StringVar(&req.Server, "server", "", "tablet server alias (required)")
+	fs.StringVar(&req.Server, "server", "", "tablet server alias (required unless --topology-down)")
 	fs.StringVar(&req.Tablet, "tablet", "", "limit the fault to this tablet's replica on the server")
 	fs.BoolVar(&req.Down, "down", false, "close the server's listener (server-wide)")
 	fs.BoolVar(&req.NotServing, "not-serving", false, "answer FAILED_PRECONDITION NOT_SERVING")
@@ -253,22 +255,47 @@ func ctlFault(ctx context.Context, cl ctlClients, args []string, stdout, stderr 
 	fs.StringVar(&req.Code, "code", "", "answer this gRPC code (UNAVAILABLE, ...)")
 	fs.Float64Var(&req.ErrorRate, "error-rate", 0, "fraction of requests that get --code (default 1)")
 	fs.BoolVar(&req.Unhealthy, "unhealthy", false, "report the replica unhealthy in the topology")
+	fs.BoolVar(&req.TopologyDown, "topology-down", false, "every Topology RPC answers UNAVAILABLE (cluster-wide: no --server)")
 	latency := fs.Duration("latency", 0, "add latency to every request")
 	lag := fs.Duration("lag", 0, "add replication lag")
+	forD := fs.Duration("for", 0, "with --topology-down: heal by itself after this long (default: until healed)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if req.Server == "" {
-		return usageError{errors.New("fault: --server is required")}
-	}
+	var set []string
 	fs.Visit(func(f *flag.Flag) {
+		set = append(set, f.Name)
 		switch f.Name {
 		case "latency":
 			req.Latency = durationpb.New(*latency)
 		case "lag":
 			req.Lag = durationpb.New(*lag)
+		case "for":
+			req.Duration = durationpb.New(*forD)
 		}
 	})
+	if req.TopologyDown {
+		for _, name := range set {
+			if name != "topology-down" && name != "for" {
+				return usageError{fmt.Errorf("fault: --topology-down takes no --%s (only --for)", name)}
+			}
+		}
+		if _, err := cl.admin.Fault(ctx, req); err != nil {
+			return err
+		}
+		until := "until healed"
+		if req.Duration != nil {
+			until = "for " + forD.String()
+		}
+		fmt.Fprintf(stdout, "topology down (fault injected) %s\n", until)
+		return nil
+	}
+	if req.Duration != nil {
+		return usageError{errors.New("fault: --for needs --topology-down")}
+	}
+	if req.Server == "" {
+		return usageError{errors.New("fault: --server is required (or --topology-down)")}
+	}
 	if _, err := cl.admin.Fault(ctx, req); err != nil {
 		return err
 	}
@@ -286,13 +313,24 @@ func onTablet(t string) string {
 func ctlHeal(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
 	fs := flags("heal", stderr)
 	req := &sourcepb.HealRequest{}
-	fs.StringVar(&req.Server, "server", "", "tablet server alias (required)")
+	fs.StringVar(&req.Server, "server", "", "tablet server alias (required unless --topology)")
 	fs.StringVar(&req.Tablet, "tablet", "", "heal only this tablet's replica")
+	fs.BoolVar(&req.Topology, "topology", false, "end --topology-down (no --server)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if req.Topology {
+		if req.Server != "" || req.Tablet != "" {
+			return usageError{errors.New("heal: --topology takes no --server or --tablet")}
+		}
+		if _, err := cl.admin.Heal(ctx, req); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "healed the topology")
+		return nil
+	}
 	if req.Server == "" {
-		return usageError{errors.New("heal: --server is required")}
+		return usageError{errors.New("heal: --server is required (or --topology)")}
 	}
 	if _, err := cl.admin.Heal(ctx, req); err != nil {
 		return err

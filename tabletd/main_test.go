@@ -93,9 +93,14 @@ func TestCtlRejectsBadInputWithAClearMessage(t *testing.T) {
 		{"workload unknown action", []string{"workload", "jump"}, 2, "unknown action"},
 		{"split without tablet", []string{"split"}, 2, "--tablet is required"},
 		{"stray argument", []string{"list", "extra"}, 2, "unexpected argument"},
+		{"topology down with a server", []string{"fault", "--topology-down", "--server", "zone1-0000000101"}, 2, "--topology-down takes no --server"},
+		{"topology down with another fault", []string{"fault", "--topology-down", "--not-serving"}, 2, "--topology-down takes no --not-serving"},
+		{"for without topology down", []string{"fault", "--server", "zone1-0000000101", "--down", "--for", "1s"}, 2, "--for needs --topology-down"},
+		{"heal topology with a server", []string{"heal", "--topology", "--server", "zone1-0000000101"}, 2, "--topology takes no --server"},
 		// Server-side rejections exit 1 with the code and reason.
 		{"unknown server", []string{"fault", "--server", "zone9-0000000901", "--down"}, 1, "NotFound UNKNOWN_SERVER"},
 		{"bad code", []string{"fault", "--server", "zone1-0000000101", "--code", "OOPS"}, 1, "InvalidArgument BAD_REQUEST"},
+		{"topology down for no time", []string{"fault", "--topology-down", "--for", "0s"}, 1, "InvalidArgument BAD_REQUEST: duration"},
 		{"unknown tablet", []string{"split", "--tablet", "t-9999"}, 1, "UNKNOWN_TABLET"},
 		{"unknown stream", []string{"digest", "--stream", "nope"}, 1, "UNKNOWN_STREAM"},
 	}
@@ -105,6 +110,28 @@ func TestCtlRejectsBadInputWithAClearMessage(t *testing.T) {
 			require.Equal(t, tt.code, code, errOut)
 			require.Contains(t, errOut, tt.msg)
 		})
+	}
+}
+
+func TestCtlTopologyDownFailsTopologyCommandsUntilHealed(t *testing.T) {
+	c := startCluster(t)
+	addr := c.Addr()
+	for _, fault := range [][]string{{"--topology-down"}, {"--topology-down", "--for", "1h"}} {
+		code, out, errOut := ctlRun(t, addr, append([]string{"fault"}, fault...)...)
+		require.Zero(t, code, errOut)
+		require.Contains(t, out, "topology down (fault injected)")
+
+		code, _, errOut = ctlRun(t, addr, "list")
+		require.Equal(t, 1, code)
+		require.Contains(t, errOut, "Unavailable INJECTED: topology unavailable (fault injected)")
+		code, _, errOut = ctlRun(t, addr, "workload", "status")
+		require.Zero(t, code, "admin commands still work: %s", errOut)
+
+		code, out, errOut = ctlRun(t, addr, "heal", "--topology")
+		require.Zero(t, code, errOut)
+		require.Contains(t, out, "healed the topology")
+		code, _, errOut = ctlRun(t, addr, "list")
+		require.Zero(t, code, errOut)
 	}
 }
 

@@ -1724,7 +1724,8 @@ func (x *WorkloadResponse) GetRecords() uint64 {
 }
 
 // FaultRequest injects faults into a tablet server, or into one replica
-// (server + tablet). Faults add up; Heal removes them.
+// (server + tablet), or with topology_down alone, into the Topology service.
+// Faults add up; Heal removes them.
 type FaultRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Server string                 `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
@@ -1742,7 +1743,14 @@ type FaultRequest struct {
 	// lag adds replication lag.
 	Lag *durationpb.Duration `protobuf:"bytes,9,opt,name=lag,proto3" json:"lag,omitempty"`
 	// unhealthy makes the topology report the replica unhealthy.
-	Unhealthy     bool `protobuf:"varint,10,opt,name=unhealthy,proto3" json:"unhealthy,omitempty"`
+	Unhealthy bool `protobuf:"varint,10,opt,name=unhealthy,proto3" json:"unhealthy,omitempty"`
+	// topology_down makes every Topology RPC answer UNAVAILABLE (INJECTED)
+	// while Admin and the tablet servers keep serving. It takes no server,
+	// tablet or other fault. Injecting it again replaces its duration.
+	TopologyDown bool `protobuf:"varint,11,opt,name=topology_down,json=topologyDown,proto3" json:"topology_down,omitempty"`
+	// duration, with topology_down only, heals the topology by itself after
+	// that long (in (0, 1h]); unset, it stays down until healed.
+	Duration      *durationpb.Duration `protobuf:"bytes,12,opt,name=duration,proto3" json:"duration,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1847,6 +1855,20 @@ func (x *FaultRequest) GetUnhealthy() bool {
 	return false
 }
 
+func (x *FaultRequest) GetTopologyDown() bool {
+	if x != nil {
+		return x.TopologyDown
+	}
+	return false
+}
+
+func (x *FaultRequest) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
 type FaultResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1887,7 +1909,9 @@ type HealRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Server string                 `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
 	// tablet, if set, heals only that replica's faults.
-	Tablet        string `protobuf:"bytes,2,opt,name=tablet,proto3" json:"tablet,omitempty"`
+	Tablet string `protobuf:"bytes,2,opt,name=tablet,proto3" json:"tablet,omitempty"`
+	// topology heals a topology_down fault (alone: no server or tablet).
+	Topology      bool `protobuf:"varint,3,opt,name=topology,proto3" json:"topology,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1934,6 +1958,13 @@ func (x *HealRequest) GetTablet() string {
 		return x.Tablet
 	}
 	return ""
+}
+
+func (x *HealRequest) GetTopology() bool {
+	if x != nil {
+		return x.Topology
+	}
+	return false
 }
 
 type HealResponse struct {
@@ -2398,7 +2429,7 @@ const file_source_proto_rawDesc = "" +
 	"\x10WorkloadResponse\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x18\n" +
-	"\arecords\x18\x03 \x01(\x04R\arecords\"\xd3\x02\n" +
+	"\arecords\x18\x03 \x01(\x04R\arecords\"\xaf\x03\n" +
 	"\fFaultRequest\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x16\n" +
 	"\x06tablet\x18\x02 \x01(\tR\x06tablet\x12\x12\n" +
@@ -2412,11 +2443,14 @@ const file_source_proto_rawDesc = "" +
 	"\alatency\x18\b \x01(\v2\x19.google.protobuf.DurationR\alatency\x12+\n" +
 	"\x03lag\x18\t \x01(\v2\x19.google.protobuf.DurationR\x03lag\x12\x1c\n" +
 	"\tunhealthy\x18\n" +
-	" \x01(\bR\tunhealthy\"\x0f\n" +
-	"\rFaultResponse\"=\n" +
+	" \x01(\bR\tunhealthy\x12#\n" +
+	"\rtopology_down\x18\v \x01(\bR\ftopologyDown\x125\n" +
+	"\bduration\x18\f \x01(\v2\x19.google.protobuf.DurationR\bduration\"\x0f\n" +
+	"\rFaultResponse\"Y\n" +
 	"\vHealRequest\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x16\n" +
-	"\x06tablet\x18\x02 \x01(\tR\x06tablet\"\x0e\n" +
+	"\x06tablet\x18\x02 \x01(\tR\x06tablet\x12\x1a\n" +
+	"\btopology\x18\x03 \x01(\bR\btopology\"\x0e\n" +
 	"\fHealResponse\"&\n" +
 	"\fSplitRequest\x12\x16\n" +
 	"\x06tablet\x18\x01 \x01(\tR\x06tablet\"Z\n" +
@@ -2571,39 +2605,40 @@ var file_source_proto_depIdxs = []int32{
 	5,  // 18: tabletflow.source.v1.WorkloadRequest.action:type_name -> tabletflow.source.v1.WorkloadRequest.Action
 	37, // 19: tabletflow.source.v1.FaultRequest.latency:type_name -> google.protobuf.Duration
 	37, // 20: tabletflow.source.v1.FaultRequest.lag:type_name -> google.protobuf.Duration
-	36, // 21: tabletflow.source.v1.DigestResponse.tablets:type_name -> tabletflow.source.v1.DigestResponse.TabletsEntry
-	33, // 22: tabletflow.source.v1.DigestResponse.TabletsEntry.value:type_name -> tabletflow.source.v1.TabletDigest
-	10, // 23: tabletflow.source.v1.Topology.ListTablets:input_type -> tabletflow.source.v1.ListTabletsRequest
-	12, // 24: tabletflow.source.v1.Topology.GetTablet:input_type -> tabletflow.source.v1.GetTabletRequest
-	13, // 25: tabletflow.source.v1.Topology.CreateStream:input_type -> tabletflow.source.v1.CreateStreamRequest
-	16, // 26: tabletflow.source.v1.Topology.DescribeStream:input_type -> tabletflow.source.v1.DescribeStreamRequest
-	17, // 27: tabletflow.source.v1.Topology.DeleteStream:input_type -> tabletflow.source.v1.DeleteStreamRequest
-	20, // 28: tabletflow.source.v1.TabletServer.GetChanges:input_type -> tabletflow.source.v1.GetChangesRequest
-	22, // 29: tabletflow.source.v1.TabletServer.Ack:input_type -> tabletflow.source.v1.AckRequest
-	24, // 30: tabletflow.source.v1.Admin.Workload:input_type -> tabletflow.source.v1.WorkloadRequest
-	26, // 31: tabletflow.source.v1.Admin.Fault:input_type -> tabletflow.source.v1.FaultRequest
-	28, // 32: tabletflow.source.v1.Admin.Heal:input_type -> tabletflow.source.v1.HealRequest
-	30, // 33: tabletflow.source.v1.Admin.Split:input_type -> tabletflow.source.v1.SplitRequest
-	32, // 34: tabletflow.source.v1.Admin.Digest:input_type -> tabletflow.source.v1.DigestRequest
-	35, // 35: tabletflow.source.v1.Admin.Tail:input_type -> tabletflow.source.v1.TailRequest
-	11, // 36: tabletflow.source.v1.Topology.ListTablets:output_type -> tabletflow.source.v1.ListTabletsResponse
-	9,  // 37: tabletflow.source.v1.Topology.GetTablet:output_type -> tabletflow.source.v1.Tablet
-	15, // 38: tabletflow.source.v1.Topology.CreateStream:output_type -> tabletflow.source.v1.Stream
-	15, // 39: tabletflow.source.v1.Topology.DescribeStream:output_type -> tabletflow.source.v1.Stream
-	18, // 40: tabletflow.source.v1.Topology.DeleteStream:output_type -> tabletflow.source.v1.DeleteStreamResponse
-	21, // 41: tabletflow.source.v1.TabletServer.GetChanges:output_type -> tabletflow.source.v1.GetChangesResponse
-	23, // 42: tabletflow.source.v1.TabletServer.Ack:output_type -> tabletflow.source.v1.AckResponse
-	25, // 43: tabletflow.source.v1.Admin.Workload:output_type -> tabletflow.source.v1.WorkloadResponse
-	27, // 44: tabletflow.source.v1.Admin.Fault:output_type -> tabletflow.source.v1.FaultResponse
-	29, // 45: tabletflow.source.v1.Admin.Heal:output_type -> tabletflow.source.v1.HealResponse
-	31, // 46: tabletflow.source.v1.Admin.Split:output_type -> tabletflow.source.v1.SplitResponse
-	34, // 47: tabletflow.source.v1.Admin.Digest:output_type -> tabletflow.source.v1.DigestResponse
-	19, // 48: tabletflow.source.v1.Admin.Tail:output_type -> tabletflow.source.v1.Record
-	36, // [36:49] is the sub-list for method output_type
-	23, // [23:36] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	37, // 21: tabletflow.source.v1.FaultRequest.duration:type_name -> google.protobuf.Duration
+	36, // 22: tabletflow.source.v1.DigestResponse.tablets:type_name -> tabletflow.source.v1.DigestResponse.TabletsEntry
+	33, // 23: tabletflow.source.v1.DigestResponse.TabletsEntry.value:type_name -> tabletflow.source.v1.TabletDigest
+	10, // 24: tabletflow.source.v1.Topology.ListTablets:input_type -> tabletflow.source.v1.ListTabletsRequest
+	12, // 25: tabletflow.source.v1.Topology.GetTablet:input_type -> tabletflow.source.v1.GetTabletRequest
+	13, // 26: tabletflow.source.v1.Topology.CreateStream:input_type -> tabletflow.source.v1.CreateStreamRequest
+	16, // 27: tabletflow.source.v1.Topology.DescribeStream:input_type -> tabletflow.source.v1.DescribeStreamRequest
+	17, // 28: tabletflow.source.v1.Topology.DeleteStream:input_type -> tabletflow.source.v1.DeleteStreamRequest
+	20, // 29: tabletflow.source.v1.TabletServer.GetChanges:input_type -> tabletflow.source.v1.GetChangesRequest
+	22, // 30: tabletflow.source.v1.TabletServer.Ack:input_type -> tabletflow.source.v1.AckRequest
+	24, // 31: tabletflow.source.v1.Admin.Workload:input_type -> tabletflow.source.v1.WorkloadRequest
+	26, // 32: tabletflow.source.v1.Admin.Fault:input_type -> tabletflow.source.v1.FaultRequest
+	28, // 33: tabletflow.source.v1.Admin.Heal:input_type -> tabletflow.source.v1.HealRequest
+	30, // 34: tabletflow.source.v1.Admin.Split:input_type -> tabletflow.source.v1.SplitRequest
+	32, // 35: tabletflow.source.v1.Admin.Digest:input_type -> tabletflow.source.v1.DigestRequest
+	35, // 36: tabletflow.source.v1.Admin.Tail:input_type -> tabletflow.source.v1.TailRequest
+	11, // 37: tabletflow.source.v1.Topology.ListTablets:output_type -> tabletflow.source.v1.ListTabletsResponse
+	9,  // 38: tabletflow.source.v1.Topology.GetTablet:output_type -> tabletflow.source.v1.Tablet
+	15, // 39: tabletflow.source.v1.Topology.CreateStream:output_type -> tabletflow.source.v1.Stream
+	15, // 40: tabletflow.source.v1.Topology.DescribeStream:output_type -> tabletflow.source.v1.Stream
+	18, // 41: tabletflow.source.v1.Topology.DeleteStream:output_type -> tabletflow.source.v1.DeleteStreamResponse
+	21, // 42: tabletflow.source.v1.TabletServer.GetChanges:output_type -> tabletflow.source.v1.GetChangesResponse
+	23, // 43: tabletflow.source.v1.TabletServer.Ack:output_type -> tabletflow.source.v1.AckResponse
+	25, // 44: tabletflow.source.v1.Admin.Workload:output_type -> tabletflow.source.v1.WorkloadResponse
+	27, // 45: tabletflow.source.v1.Admin.Fault:output_type -> tabletflow.source.v1.FaultResponse
+	29, // 46: tabletflow.source.v1.Admin.Heal:output_type -> tabletflow.source.v1.HealResponse
+	31, // 47: tabletflow.source.v1.Admin.Split:output_type -> tabletflow.source.v1.SplitResponse
+	34, // 48: tabletflow.source.v1.Admin.Digest:output_type -> tabletflow.source.v1.DigestResponse
+	19, // 49: tabletflow.source.v1.Admin.Tail:output_type -> tabletflow.source.v1.Record
+	37, // [37:50] is the sub-list for method output_type
+	24, // [24:37] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_source_proto_init() }

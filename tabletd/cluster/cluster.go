@@ -108,6 +108,8 @@ type Cluster struct {
 	streams  map[string]*stream
 	workload *workload
 
+	topoFault topologyFault
+
 	admin    *grpc.Server
 	adminLis net.Listener
 	stop     chan struct{}
@@ -240,7 +242,7 @@ func (c *Cluster) Start() error {
 		return fmt.Errorf("listen %s: %w", c.cfg.Listen, err)
 	}
 	c.adminLis = lis
-	c.admin = grpc.NewServer()
+	c.admin = grpc.NewServer(grpc.UnaryInterceptor(c.topologyUnary), grpc.StreamInterceptor(c.topologyStream))
 	sourcepb.RegisterTopologyServer(c.admin, &topologyService{c: c})
 	sourcepb.RegisterAdminServer(c.admin, &adminService{c: c})
 	host, _, _ := net.SplitHostPort(lis.Addr().String())

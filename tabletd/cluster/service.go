@@ -137,6 +137,12 @@ func (s *adminService) Workload(_ context.Context, req *sourcepb.WorkloadRequest
 const maxFaultDuration = time.Hour
 
 func (s *adminService) Fault(_ context.Context, req *sourcepb.FaultRequest) (*sourcepb.FaultResponse, error) {
+	if req.TopologyDown {
+		return s.topologyFault(req)
+	}
+	if req.Duration != nil {
+		return nil, errBadRequest("duration", "bounds topology_down only")
+	}
 	ts, err := s.c.serverFor(req.Server, req.Tablet)
 	if err != nil {
 		return nil, err
@@ -168,7 +174,35 @@ func (s *adminService) Fault(_ context.Context, req *sourcepb.FaultRequest) (*so
 	return &sourcepb.FaultResponse{}, ts.inject(req.Tablet, req)
 }
 
+// topologyFault injects topology_down, which takes no server, tablet or
+// other fault.
+func (s *adminService) topologyFault(req *sourcepb.FaultRequest) (*sourcepb.FaultResponse, error) {
+	if req.Server != "" || req.Tablet != "" {
+		return nil, errBadRequest("topology_down", "the topology is cluster-wide; give no server or tablet")
+	}
+	if req.Down || req.NotServing || req.PositionMismatch || req.Unhealthy || req.Code != "" || req.ErrorRate != 0 ||
+		req.Latency != nil || req.Lag != nil {
+		return nil, errBadRequest("topology_down", "takes no other fault; inject those separately")
+	}
+	var d time.Duration
+	if req.Duration != nil {
+		d = req.Duration.AsDuration()
+		if err := req.Duration.CheckValid(); err != nil || d <= 0 || d > maxFaultDuration {
+			return nil, errBadRequest("duration", "%v not in (0, %v]", d, maxFaultDuration)
+		}
+	}
+	s.c.topologyDown(d)
+	return &sourcepb.FaultResponse{}, nil
+}
+
 func (s *adminService) Heal(_ context.Context, req *sourcepb.HealRequest) (*sourcepb.HealResponse, error) {
+	if req.Topology {
+		if req.Server != "" || req.Tablet != "" {
+			return nil, errBadRequest("topology", "heals the topology only; give no server or tablet")
+		}
+		s.c.healTopology()
+		return &sourcepb.HealResponse{}, nil
+	}
 	ts, err := s.c.serverFor(req.Server, req.Tablet)
 	if err != nil {
 		return nil, err
