@@ -217,7 +217,7 @@ func printStatus(w io.Writer, st workflows.StreamStatus, prev map[string]int64, 
 		if t.LastError != "" {
 			why = strings.TrimSpace(why + " " + t.LastError)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%.1fs\t%d\t%d\t%s\n", t.ID, t.State, dash(t.Replica), dash(t.Checkpoint),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%.1fs\t%d\t%d\t%s\n", t.ID, t.State, dash(t.Replica), dash(t.Checkpoint.String()),
 			t.Records, rate, t.LagSeconds, t.Attempt, len(t.Excluded), truncate(why, 80))
 	}
 	_ = tw.Flush()

@@ -19,6 +19,9 @@ const (
 	CmdRetry     = "retry"
 	CmdStop      = "stop"
 	CmdConfigure = "configure"
+	// CmdRecheck is a stream-to-tablet command only: an exclusion ended,
+	// try selecting a replica again now.
+	CmdRecheck = "recheck"
 )
 
 // SignalCommands are the operator signals a stream listens to.

@@ -9,7 +9,6 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/tabletflow/tabletflow/config"
-	"github.com/tabletflow/tabletflow/source"
 )
 
 // operatorCommand decodes, validates and (when apply is set) carries out
@@ -173,7 +172,7 @@ func (s *stream) retry(ctx workflow.Context, raw json.RawMessage, apply bool) er
 	// A Failed tablet's workflow has ended; a new one resumes from its
 	// checkpoint (and the sink's, whichever is later).
 	for _, id := range ids {
-		cp, _ := source.ParseCheckpoint(s.st.Tablets[id].Checkpoint)
+		cp := s.st.Tablets[id].Checkpoint
 		delete(s.st.Tablets, id)
 		s.startTablets(ctx, []string{id}, cp)
 	}
@@ -197,7 +196,13 @@ func (s *stream) stopStream(ctx workflow.Context, raw json.RawMessage, apply boo
 }
 
 func (s *stream) configure(ctx workflow.Context, raw json.RawMessage, apply bool) error {
-	t := s.cfg.Tunables()
+	// Decoded onto a deep copy of the live tunables: decoding straight onto
+	// them would write through their shared slices, so even a rejected
+	// update would change the stream.
+	t, err := cloneTunables(s.cfg.Tunables())
+	if err != nil {
+		return err
+	}
 	if err := decodeCommand(raw, &t); err != nil {
 		return err
 	}
@@ -211,6 +216,16 @@ func (s *stream) configure(ctx workflow.Context, raw json.RawMessage, apply bool
 	s.applyTunables()
 	s.tell(ctx, s.live(), TabletCommand{Kind: CmdConfigure, Tunables: &t})
 	return nil
+}
+
+// cloneTunables returns a copy of t that shares no memory with it.
+func cloneTunables(t config.Tunables) (config.Tunables, error) {
+	var out config.Tunables
+	b, err := json.Marshal(t)
+	if err == nil {
+		err = json.Unmarshal(b, &out)
+	}
+	return out, err
 }
 
 // applyTunables puts the operator's configure on top of the config.
@@ -245,17 +260,30 @@ func (s *stream) tabletIDs() []string {
 	return ids
 }
 
-// tell signals a command to tablets; a tablet whose workflow has closed is
-// skipped (its last report says why).
+// fanOutWave is how many signals tell has in flight at once: well under
+// the server's limit of pending signals per workflow (2000 by default).
+const fanOutWave = 500
+
+// tell signals a command to tablets, in waves; a tablet whose workflow has
+// closed is skipped (its last report says why, or the stream's reconcile
+// restarts it with the operator's intents).
 func (s *stream) tell(ctx workflow.Context, ids []string, cmd TabletCommand) {
-	futs := make([]workflow.Future, 0, len(ids))
-	for _, id := range ids {
-		futs = append(futs, workflow.SignalExternalWorkflow(ctx, TabletWorkflowID(s.id, id), "", SignalTabletCommand, cmd))
+	wave := len(ids)
+	if s.durable() {
+		wave = fanOutWave
 	}
-	for i, f := range futs {
-		if err := f.Get(ctx, nil); err != nil {
-			s.log.Warn("tablet command not delivered", "tablet", ids[i], "command", cmd.Kind, "error", err)
+	for len(ids) > 0 {
+		n := min(wave, len(ids))
+		futs := make([]workflow.Future, 0, n)
+		for _, id := range ids[:n] {
+			futs = append(futs, workflow.SignalExternalWorkflow(ctx, TabletWorkflowID(s.id, id), "", SignalTabletCommand, cmd))
 		}
+		for i, f := range futs {
+			if err := f.Get(ctx, nil); err != nil {
+				s.log.Warn("tablet command not delivered", "tablet", ids[i], "command", cmd.Kind, "error", err)
+			}
+		}
+		ids = ids[n:]
 	}
 }
 
@@ -282,5 +310,5 @@ func (s *stream) onExpiry(ctx workflow.Context) {
 			waiting = append(waiting, id)
 		}
 	}
-	s.tell(ctx, waiting, TabletCommand{Kind: "recheck"})
+	s.tell(ctx, waiting, TabletCommand{Kind: CmdRecheck})
 }

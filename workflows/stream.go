@@ -35,6 +35,7 @@ func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamStat
 		return temporal.NewNonRetryableApplicationError("stream config: "+err.Error(), ErrBadConfig, nil)
 	}
 	s := &stream{id: workflow.GetInfo(ctx).WorkflowExecution.ID, raw: cfg, cfg: c, st: state}
+	s.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
 	if s.st == nil {
 		s.st = &StreamState{Tablets: map[string]*TabletStatus{}, Exclude: c.Exclude}
 		for i := range s.st.Exclude {
@@ -52,21 +53,31 @@ type stream struct {
 	cfg     config.Stream
 	st      *StreamState
 	log     log.Logger
+	version workflow.Version
 	reports workflow.ReceiveChannel
+	signals map[string]workflow.ReceiveChannel
 	// memo and memoExclude are what the memo last got: tablet-state counts
 	// and the operator exclude list.
 	memo        map[string]int
 	memoExclude []string
 }
 
+// durable reports whether this run has the durability changes (see
+// changeDurable).
+func (s *stream) durable() bool { return s.version >= versionDurable }
+
 func (s *stream) run(ctx workflow.Context) error {
-	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (StreamStatus, error) { return s.status(workflow.Now(ctx)), nil }); err != nil {
+	// The status is computed at the query's time, so a paused tablet's
+	// retention counts down between workflow tasks too (a query issues no
+	// command, so reading the clock here is safe).
+	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (StreamStatus, error) { return s.status(time.Now()), nil }); err != nil {
 		return err
 	}
 	signals, err := s.registerOperatorCommands(ctx)
 	if err != nil {
 		return err
 	}
+	s.signals = signals
 	if err := workflow.SetQueryHandler(ctx, activities.QueryExclusions, func() ([]config.Exclusion, error) {
 		return s.exclusions(workflow.Now(ctx)), nil
 	}); err != nil {
@@ -98,6 +109,16 @@ func (s *stream) run(ctx workflow.Context) error {
 	if err := workflow.UpsertTypedSearchAttributes(ctx, SAStream.ValueSet(s.id)); err != nil {
 		s.log.Warn("search attributes not updated", "error", err)
 	}
+	if s.durable() {
+		return s.loop(ctx, actx)
+	}
+	return s.loopV0(ctx, actx, signals)
+}
+
+// loopV0 is the stream's loop as it was before changeDurable, kept for
+// runs recorded with it: the topology read blocks the loop, and
+// continue-as-new is checked before the stop.
+func (s *stream) loopV0(ctx, actx workflow.Context, signals map[string]workflow.ReceiveChannel) error {
 	var exclusionEnds expiryTimer
 	for {
 		if err := ctx.Err(); err != nil {
@@ -106,7 +127,7 @@ func (s *stream) run(ctx workflow.Context) error {
 			return temporal.NewCanceledError("stream cancelled")
 		}
 		if s.st.Stop == nil {
-			if err := s.refresh(ctx, actx); err != nil {
+			if err := s.refreshV0(ctx, actx); err != nil {
 				return err
 			}
 		}
@@ -118,27 +139,73 @@ func (s *stream) run(ctx workflow.Context) error {
 			}
 			sel := workflow.NewSelector(ctx)
 			sel.AddFuture(refresh, func(workflow.Future) { waiting = false })
-			sel.AddReceive(s.reports, func(ch workflow.ReceiveChannel, _ bool) {
-				var r TabletStatus
-				ch.Receive(ctx, &r)
-				s.onReport(ctx, r)
-			})
-			for _, name := range SignalCommands {
-				sel.AddReceive(signals[name], func(ch workflow.ReceiveChannel, _ bool) {
-					var raw json.RawMessage
-					ch.Receive(ctx, &raw)
-					s.onSignal(ctx, name, raw)
-				})
-			}
+			s.addCommands(ctx, sel)
 			if t := exclusionEnds.next(ctx, s.nextExpiry()); t != nil {
 				sel.AddFuture(t, func(workflow.Future) { exclusionEnds.fired(); s.onExpiry(ctx) })
 			}
 			sel.Select(ctx)
 			s.details(ctx)
 			if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
-				return s.continueAsNew(ctx, signals)
+				return s.continueAsNew(ctx)
 			}
 		}
+	}
+}
+
+// loop is the stream's main loop. It never blocks on the source: the
+// topology is read beside the selector (readTopology), so signals,
+// updates, queries and continue-as-new go on during a source outage. The
+// stop is checked before continue-as-new.
+func (s *stream) loop(ctx, actx workflow.Context) error {
+	var exclusionEnds expiryTimer
+	topology := workflow.NewChannel(ctx)
+	var next workflow.Future // the timer to the next topology read; nil while one runs
+	s.readTopology(ctx, actx, topology)
+	for {
+		if err := ctx.Err(); err != nil {
+			return temporal.NewCanceledError("stream cancelled")
+		}
+		if s.st.Stop != nil && len(s.live()) == 0 {
+			return s.finish(ctx, actx)
+		}
+		if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
+			return s.continueAsNew(ctx)
+		}
+		sel := workflow.NewSelector(ctx)
+		sel.AddReceive(topology, func(c workflow.ReceiveChannel, _ bool) {
+			var r topologyRead
+			c.Receive(ctx, &r)
+			next = workflow.NewTimer(ctx, s.onTopology(ctx, r))
+		})
+		if next != nil {
+			sel.AddFuture(next, func(workflow.Future) {
+				next = nil
+				s.readTopology(ctx, actx, topology)
+			})
+		}
+		s.addCommands(ctx, sel)
+		if t := exclusionEnds.next(ctx, s.nextExpiry()); t != nil {
+			sel.AddFuture(t, func(workflow.Future) { exclusionEnds.fired(); s.onExpiry(ctx) })
+		}
+		sel.Select(ctx)
+		s.details(ctx)
+	}
+}
+
+// addCommands adds the tablets' reports and the operator's signals to a
+// selector.
+func (s *stream) addCommands(ctx workflow.Context, sel workflow.Selector) {
+	sel.AddReceive(s.reports, func(ch workflow.ReceiveChannel, _ bool) {
+		var r TabletStatus
+		ch.Receive(ctx, &r)
+		s.onReport(ctx, r)
+	})
+	for _, name := range SignalCommands {
+		sel.AddReceive(s.signals[name], func(ch workflow.ReceiveChannel, _ bool) {
+			var raw json.RawMessage
+			ch.Receive(ctx, &raw)
+			s.onSignal(ctx, name, raw)
+		})
 	}
 }
 
@@ -185,34 +252,81 @@ func (s *stream) finish(ctx, actx workflow.Context) error {
 			return err
 		}
 	}
+	if s.durable() {
+		if err := s.settle(ctx); err != nil {
+			return err
+		}
+	}
 	s.log.Info("stream stopped", "dropSourceStream", s.st.Stop.DropSourceStream)
 	workflow.SetCurrentDetails(ctx, fmt.Sprintf("stream **%s** stopped; every tablet made its final commit", s.id))
 	return nil
 }
 
-// continueAsNew drains the signal channel, waits for handlers, and starts
-// the next run with the state.
-func (s *stream) continueAsNew(ctx workflow.Context, signals map[string]workflow.ReceiveChannel) error {
+// continueAsNew drains the channels, waits for handlers, and starts the
+// next run with the state.
+func (s *stream) continueAsNew(ctx workflow.Context) error {
+	if !s.durable() {
+		s.drain(ctx)
+		if err := workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) }); err != nil {
+			return err
+		}
+		return workflow.NewContinueAsNewError(ctx, StreamWorkflow, s.raw, s.st)
+	}
+	if err := s.settle(ctx); err != nil {
+		return err
+	}
+	s.compact()
+	return workflow.NewContinueAsNewError(ctx, StreamWorkflow, s.raw, s.st)
+}
+
+// settle waits for update handlers and drains every channel until a pass
+// finds nothing: what it returns to is the same workflow task that
+// continues-as-new or completes, so no report or command is lost.
+func (s *stream) settle(ctx workflow.Context) error {
+	for {
+		if err := workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) }); err != nil {
+			return err
+		}
+		if !s.drain(ctx) {
+			return nil
+		}
+	}
+}
+
+// drain applies every buffered report and signal; it reports whether
+// there was any.
+func (s *stream) drain(ctx workflow.Context) bool {
+	any := false
 	for {
 		var r TabletStatus
 		if !s.reports.ReceiveAsync(&r) {
 			break
 		}
+		any = true
 		s.onReport(ctx, r)
 	}
 	for _, name := range SignalCommands {
 		for {
 			var raw json.RawMessage
-			if !signals[name].ReceiveAsync(&raw) {
+			if !s.signals[name].ReceiveAsync(&raw) {
 				break
 			}
+			any = true
 			s.onSignal(ctx, name, raw)
 		}
 	}
-	if err := workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) }); err != nil {
-		return err
+	return any
+}
+
+// compact keeps the state carried across continue-as-new small: a tablet
+// that has ended keeps what its status row needs, not its exclusions or
+// errors.
+func (s *stream) compact() {
+	for _, t := range s.st.Tablets {
+		if terminal(t.State) {
+			t.Excluded, t.LastError = nil, ""
+		}
 	}
-	return workflow.NewContinueAsNewError(ctx, StreamWorkflow, s.raw, s.st)
 }
 
 // onReport records a tablet's report; a split starts the children.
@@ -225,22 +339,21 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 	if prev != nil && r.Updated.Before(prev.Updated) {
 		return // reports are not awaited by the tablet; an older one can come late
 	}
+	r.Reason, r.LastError = clip(r.Reason), clip(r.LastError)
+	if prev != nil {
+		r.Restarts = max(r.Restarts, prev.Restarts)
+	}
 	s.st.Tablets[r.ID] = &r
 	if r.State == Split && (prev == nil || prev.State != Split) && s.st.Stop == nil {
-		handoff, err := source.ParseCheckpoint(r.Handoff)
-		if err != nil {
-			s.log.Error("split report with a bad hand-off", "tablet", r.ID, "error", err)
-			return
-		}
-		s.startTablets(ctx, r.Children, handoff)
+		s.startTablets(ctx, r.Children, r.Handoff)
 	}
 }
 
-// refresh lists the tablets and starts a workflow for each one the stream
-// does not track and may start: a first-generation tablet, or one whose
-// parent is gone from the topology or has split in this stream. Children
-// of a parent still being read wait for its split report.
-func (s *stream) refresh(ctx, actx workflow.Context) error {
+// refreshV0 is the topology refresh as it was before changeDurable: it
+// lists the tablets (blocking the loop) and starts a workflow for each one
+// the stream does not track and may start: a first-generation tablet, or
+// one whose parent is gone from the topology or has split in this stream.
+func (s *stream) refreshV0(ctx, actx workflow.Context) error {
 	var a *activities.Activities
 	var tablets []source.Tablet
 	lctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute, Summary: "list tablets",
@@ -252,19 +365,7 @@ func (s *stream) refresh(ctx, actx workflow.Context) error {
 		s.log.Warn("list tablets failed; retrying at the next refresh", "error", err)
 		return nil
 	}
-	listed := map[string]bool{}
-	aliases := map[string]bool{}
-	for _, t := range tablets {
-		listed[t.ID] = true
-		for _, r := range t.Replicas {
-			aliases[r.Alias] = true
-		}
-	}
-	s.st.Aliases = s.st.Aliases[:0]
-	for a := range aliases {
-		s.st.Aliases = append(s.st.Aliases, a)
-	}
-	slices.Sort(s.st.Aliases)
+	listed := s.learnAliases(tablets)
 	var start []string
 	for _, t := range tablets {
 		if s.st.Tablets[t.ID] != nil {
@@ -278,32 +379,51 @@ func (s *stream) refresh(ctx, actx workflow.Context) error {
 	return nil
 }
 
-// startTablets starts TabletWorkflows (ABANDON, deterministic IDs),
-// adopting any that is already running.
+// startTablets starts TabletWorkflows (ABANDON, deterministic IDs) from
+// checkpoint start, adopting any that is already running.
 func (s *stream) startTablets(ctx workflow.Context, ids []string, start source.Checkpoint) {
+	var children []childStart
+	for _, id := range ids {
+		if s.st.Tablets[id] != nil {
+			continue
+		}
+		s.st.Tablets[id] = &TabletStatus{ID: id, State: Starting, Checkpoint: start}
+		children = append(children, childStart{id: id, start: start})
+	}
+	s.startChildren(ctx, children)
+}
+
+// childStart is one TabletWorkflow to start: from checkpoint start, with
+// state (nil: a fresh tablet; set: a restart that keeps its counters and
+// the operator's intents).
+type childStart struct {
+	id    string
+	start source.Checkpoint
+	state *TabletState
+}
+
+// startChildren starts TabletWorkflows whose rows s.st.Tablets already
+// holds, and waits until each has started (or failed to).
+func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 	type started struct {
 		id  string
 		fut workflow.ChildWorkflowFuture
 	}
 	var futs []started
-	total := len(s.st.Tablets) + len(ids)
-	for _, id := range ids {
-		if s.st.Tablets[id] != nil {
-			continue
-		}
-		s.st.Tablets[id] = &TabletStatus{ID: id, State: Starting, Checkpoint: start.String()}
+	total := len(s.st.Tablets)
+	for _, c := range children {
 		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
-			WorkflowID:        TabletWorkflowID(s.id, id),
+			WorkflowID:        TabletWorkflowID(s.id, c.id),
 			ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
-			StaticSummary:     fmt.Sprintf("tablet %s of stream %s", id, s.id),
+			StaticSummary:     fmt.Sprintf("tablet %s of stream %s", c.id, s.id),
 			TypedSearchAttributes: temporal.NewSearchAttributes(
-				SAStream.ValueSet(s.id), SATablet.ValueSet(id), SAState.ValueSet(string(Starting)), SAReplica.ValueSet("")),
+				SAStream.ValueSet(s.id), SATablet.ValueSet(c.id), SAState.ValueSet(string(Starting)), SAReplica.ValueSet("")),
 		})
 		fut := workflow.ExecuteChildWorkflow(cctx, TabletWorkflow, TabletInput{
-			Stream: s.id, Tablet: id, Config: s.cfg, Start: start, Tablets: total, Retention: s.st.Retention,
+			Stream: s.id, Tablet: c.id, Config: s.cfg, Start: c.start, Tablets: total, Retention: s.st.Retention,
 			Exclude: s.exclusions(workflow.Now(ctx)),
-		}, (*TabletState)(nil))
-		futs = append(futs, started{id, fut})
+		}, c.state)
+		futs = append(futs, started{c.id, fut})
 	}
 	for _, f := range futs {
 		var exec workflow.Execution
@@ -315,7 +435,7 @@ func (s *stream) startTablets(ctx workflow.Context, ids []string, start source.C
 			s.log.Info("adopting the running tablet workflow", "tablet", f.id)
 		default:
 			s.st.Tablets[f.id].State = Failed
-			s.st.Tablets[f.id].Reason = "tablet workflow did not start: " + err.Error()
+			s.st.Tablets[f.id].Reason = clip("tablet workflow did not start: " + err.Error())
 		}
 	}
 }
@@ -333,7 +453,7 @@ func (s *stream) exclusions(now time.Time) []config.Exclusion {
 
 // status is the `status` query; a paused tablet's retention counts down.
 func (s *stream) status(now time.Time) StreamStatus {
-	out := StreamStatus{Stream: s.id, Tablets: []TabletStatus{}, Exclude: s.st.Exclude, Rejected: s.st.Rejected}
+	out := StreamStatus{Stream: s.id, Tablets: []TabletStatus{}, Exclude: s.st.Exclude, Rejected: s.st.Rejected, Topology: s.st.Topology}
 	if out.Exclude == nil {
 		out.Exclude = []config.Exclusion{}
 	}
@@ -345,7 +465,7 @@ func (s *stream) status(now time.Time) StreamStatus {
 		if t.Excluded == nil {
 			t.Excluded = []config.Exclusion{}
 		}
-		if t.State == Paused && !t.PausedAt.IsZero() && s.st.Retention > 0 {
+		if t.State == Paused && !t.PausedAt.IsZero() && s.st.Retention > 0 && !now.IsZero() {
 			t.RetentionLeft = retentionLeft(s.st.Retention, t.PausedAt, now).Round(time.Second).String()
 		}
 		out.Tablets = append(out.Tablets, t)

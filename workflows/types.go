@@ -54,13 +54,13 @@ var SearchAttributes = []string{"TabletflowStream", "TabletflowTablet", "Tabletf
 // TabletStatus is one tablet as its workflow reports it: a row of the
 // stream's status.
 type TabletStatus struct {
-	ID         string `json:"id"`
-	State      State  `json:"state"`
-	Reason     string `json:"reason,omitempty"`
-	Replica    string `json:"replica"`
-	Checkpoint string `json:"checkpoint"`
-	Records    int64  `json:"records"`
-	Batches    int64  `json:"batches"`
+	ID         string            `json:"id"`
+	State      State             `json:"state"`
+	Reason     string            `json:"reason,omitempty"`
+	Replica    string            `json:"replica"`
+	Checkpoint source.Checkpoint `json:"checkpoint"`
+	Records    int64             `json:"records"`
+	Batches    int64             `json:"batches"`
 	// Attempt is the current GetChanges attempt on the replica.
 	Attempt    int32   `json:"attempt"`
 	LastError  string  `json:"lastError"`
@@ -71,8 +71,12 @@ type TabletStatus struct {
 	// PausedAt is when a Paused tablet stopped advancing.
 	PausedAt time.Time `json:"pausedAt,omitzero"`
 	// For a Split tablet: its children and their starting checkpoint.
-	Children []string  `json:"children,omitempty"`
-	Handoff  string    `json:"handoff,omitempty"`
+	Children []string          `json:"children,omitempty"`
+	Handoff  source.Checkpoint `json:"handoff,omitzero"`
+	// Restarts counts how often the stream restarted this tablet's
+	// workflow after it closed without a terminal report (terminated,
+	// reset, timed out, failed).
+	Restarts int       `json:"restarts,omitempty"`
 	Updated  time.Time `json:"updated"`
 }
 
@@ -82,6 +86,15 @@ type StreamStatus struct {
 	Tablets  []TabletStatus     `json:"tablets"`
 	Exclude  []config.Exclusion `json:"exclude"`
 	Rejected []Rejected         `json:"rejected"`
+	// Topology is set while the source's topology cannot be read.
+	Topology *TopologyTrouble `json:"topology,omitempty"`
+}
+
+// TopologyTrouble says why and since when the stream cannot list its
+// tablets; the stream keeps taking commands meanwhile.
+type TopologyTrouble struct {
+	Error string    `json:"error"`
+	Since time.Time `json:"since"`
 }
 
 // Rejected is a signal payload the stream refused, shown in its status.
@@ -107,6 +120,8 @@ type StreamState struct {
 	Tunables *config.Tunables `json:"tunables,omitempty"`
 	// Stop is set once the operator asked the stream to stop.
 	Stop *StopRequest `json:"stop,omitempty"`
+	// Topology is set while the topology cannot be read.
+	Topology *TopologyTrouble `json:"topology,omitempty"`
 }
 
 // TabletInput starts a TabletWorkflow.
@@ -138,6 +153,11 @@ type TabletState struct {
 	LastReport time.Time          `json:"lastReport"`
 	// Selected is set once the tablet has selected a replica.
 	Selected bool `json:"selected,omitempty"`
+	// The operator's intents, carried across continue-as-new so a command
+	// drained just before it is never lost: Pause holds the tablet at its
+	// checkpoint until resumed; Stop ends it after a final commit.
+	Pause bool `json:"pause,omitempty"`
+	Stop  bool `json:"stop,omitempty"`
 }
 
 // TabletWorkflowID is a tablet's workflow ID.

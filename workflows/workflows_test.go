@@ -107,7 +107,7 @@ func TestStreamStartsOneTabletWorkflowPerTabletAndChildrenAfterASplit(t *testing
 		started.mu.Lock()
 		require.ElementsMatch(t, []string{"orders/tablet/t-0001", "orders/tablet/t-0002", "orders/tablet/t-0003"}, started.ids)
 		started.mu.Unlock()
-		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0003", State: Split, Children: []string{"t-0004", "t-0005"}, Handoff: "1.40"})
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0003", State: Split, Children: []string{"t-0004", "t-0005"}, Handoff: cp(40)})
 	}, time.Second)
 	env.RegisterDelayedCallback(func() {
 		v, err := env.QueryWorkflow(QueryStatus)
@@ -133,10 +133,10 @@ func TestStreamContinuesAsNewCarryingItsState(t *testing.T) {
 	var started startedTablets
 	started.mock(env)
 	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Replica: "zone1-0000000101", Checkpoint: "1.77", Records: 77})
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Replica: "zone1-0000000101", Checkpoint: cp(77), Records: 77})
 	}, time.Second)
 	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Replica: "zone1-0000000101", Checkpoint: "1.99", Records: 99})
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Replica: "zone1-0000000101", Checkpoint: cp(99), Records: 99})
 	}, 2*time.Second)
 	env.RegisterDelayedCallback(func() {
 		env.SetContinueAsNewSuggested(true)
@@ -154,7 +154,7 @@ func TestStreamContinuesAsNewCarryingItsState(t *testing.T) {
 	require.JSONEq(t, goodConfig, string(raw), "the config rides along unchanged")
 	require.True(t, st.SourceStream, "the source-side stream is not created again")
 	require.Equal(t, int64(99), st.Tablets["t-0001"].Records, "every report received before continuing is kept")
-	require.Equal(t, "1.99", st.Tablets["t-0001"].Checkpoint)
+	require.Equal(t, cp(99), st.Tablets["t-0001"].Checkpoint)
 	require.Contains(t, st.Tablets, "t-0002")
 }
 

@@ -1,0 +1,339 @@
+package workflows
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// streamingTablet sets up a tablet workflow whose GetChanges runs until
+// cancelled (or a minute), returning checkpoint 10 per run.
+func streamingTablet(t *testing.T) *testsuite.TestWorkflowEnvironment {
+	env := newEnv(t)
+	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 2}, nil)
+	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(
+		func(ctx context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
+			return activities.GetChangesResult{Checkpoint: cp(in.Checkpoint.Index + 10), Records: 10, Batches: 1, Stopped: activities.StoppedRunEnded}, nil
+		}).After(time.Minute)
+	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
+	return env
+}
+
+func TestTabletStopArrivingWithContinueAsNewEndsTheTablet(t *testing.T) {
+	env := streamingTablet(t)
+	env.RegisterDelayedCallback(func() {
+		// The stop and the suggestion to continue as new come together:
+		// the stop wins, it is not carried into a run that might drop it.
+		env.SetContinueAsNewSuggested(true)
+		env.SignalWorkflow(SignalTabletCommand, TabletCommand{Kind: CmdStop})
+	}, 90*time.Second)
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, (*TabletState)(nil))
+
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError(), "the tablet completes instead of continuing as new")
+	v, err := env.QueryWorkflow(QueryStatus)
+	require.NoError(t, err)
+	var st TabletStatus
+	require.NoError(t, v.Get(&st))
+	require.Equal(t, Stopped, st.State)
+	require.Equal(t, cp(10), st.Checkpoint)
+}
+
+func TestTabletPauseArrivingWithContinueAsNewRidesInTheState(t *testing.T) {
+	env := streamingTablet(t)
+	env.RegisterDelayedCallback(func() {
+		env.SetContinueAsNewSuggested(true)
+		env.SignalWorkflow(SignalTabletCommand, TabletCommand{Kind: CmdPause})
+	}, 90*time.Second)
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, (*TabletState)(nil))
+
+	var can *workflow.ContinueAsNewError
+	require.True(t, errors.As(env.GetWorkflowError(), &can), "%v", env.GetWorkflowError())
+	var in TabletInput
+	var st *TabletState
+	require.NoError(t, decodeArgs(can, &in, &st))
+	require.True(t, st.Pause, "the pause reaches the next run")
+	require.False(t, st.Stop)
+	require.Equal(t, cp(10), st.Checkpoint)
+}
+
+func TestTabletRestartedPausedStaysPausedAndStopsWhenTheStreamStops(t *testing.T) {
+	env := newEnv(t) // no activity may run
+	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
+	// A restart (the stream's reconcile) hands over the intents: a stopping
+	// stream's restarted tablet stops at once, at its checkpoint.
+	st := &TabletState{Checkpoint: cp(70), Status: TabletStatus{ID: "t-0001", State: Starting, Checkpoint: cp(70), Records: 70, Restarts: 1}, Pause: true, Stop: true}
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, st)
+	require.NoError(t, env.GetWorkflowError())
+	v, err := env.QueryWorkflow(QueryStatus)
+	require.NoError(t, err)
+	var got TabletStatus
+	require.NoError(t, v.Get(&got))
+	require.Equal(t, Stopped, got.State)
+	require.Equal(t, int64(70), got.Records, "counters survive the restart")
+	require.Equal(t, 1, got.Restarts)
+}
+
+func TestTabletSinkErrorsAreNotCountedAgainstTheReplica(t *testing.T) {
+	env := newEnv(t)
+	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+	selections := 0
+	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(
+		func(context.Context, activities.SelectReplicaInput) (activities.Selection, error) {
+			selections++
+			return activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 3}, nil
+		})
+	runs := 0
+	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
+			runs++
+			if runs <= 3 { // the sink's lock is held: wait, same replica
+				return activities.GetChangesResult{}, nonRetryable(activities.ErrSinkUnavailable, "tablet is locked by another writer")
+			}
+			// a record the sink cannot write: no replica can help
+			return activities.GetChangesResult{}, nonRetryable(activities.ErrSinkFailed, "jsonl: bad record")
+		})
+	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, (*TabletState)(nil))
+
+	require.NoError(t, env.GetWorkflowError())
+	v, err := env.QueryWorkflow(QueryStatus)
+	require.NoError(t, err)
+	var st TabletStatus
+	require.NoError(t, v.Get(&st))
+	require.Equal(t, Failed, st.State)
+	require.Contains(t, st.Reason, "bad record")
+	require.Empty(t, st.Excluded, "the sink's errors exclude no replica")
+	require.Equal(t, 1, selections, "the replica is kept while the sink is unavailable")
+	require.Equal(t, 4, runs)
+}
+
+// nonRetryable is the error GetChanges returns for a typed outcome.
+func nonRetryable(typ, msg string) error {
+	return temporalNonRetryable(msg, typ, activities.ErrorDetails{Reason: typ})
+}
+
+// streamWith sets up a stream whose topology lists tablets (one call's
+// answer per element of lists; the last repeats) and whose CheckTablets
+// answers closed (one call's answer per element; then none).
+type streamWith struct {
+	mu     sync.Mutex
+	lists  [][]source.Tablet
+	listed int
+	closed [][]activities.ClosedTablet
+	checks []activities.CheckTabletsInput
+}
+
+func (w *streamWith) mock(env *testsuite.TestWorkflowEnvironment) {
+	env.OnActivity(a.EnsureStream, mock.Anything, mock.Anything).Return(source.Stream{ID: "orders"}, nil)
+	env.OnActivity(a.ListTablets, mock.Anything, mock.Anything).Return(
+		func(context.Context, config.Source) ([]source.Tablet, error) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			i := min(w.listed, len(w.lists)-1)
+			w.listed++
+			if w.lists[i] == nil {
+				return nil, errors.New("UNAVAILABLE: topology down")
+			}
+			return w.lists[i], nil
+		})
+	env.OnActivity(a.CheckTablets, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.CheckTabletsInput) ([]activities.ClosedTablet, error) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.checks = append(w.checks, in)
+			if len(w.closed) == 0 {
+				return nil, nil
+			}
+			c := w.closed[0]
+			w.closed = w.closed[1:]
+			return c, nil
+		}).Maybe()
+}
+
+func streamConfig(t *testing.T) json.RawMessage {
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(goodConfig), &m))
+	m["topologyRefresh"] = "10s"
+	m["selection"] = map[string]any{"cells": []string{"zone1", "zone2"}}
+	b, err := json.Marshal(m)
+	require.NoError(t, err)
+	return b
+}
+
+func queryStatus(t *testing.T, env *testsuite.TestWorkflowEnvironment) StreamStatus {
+	t.Helper()
+	v, err := env.QueryWorkflow(QueryStatus)
+	require.NoError(t, err)
+	var st StreamStatus
+	require.NoError(t, v.Get(&st))
+	return st
+}
+
+// tabletRunner records the TabletWorkflows a stream starts, with their
+// state; each returns at once (its workflow closes, as a terminated one
+// would, without a terminal report).
+type tabletRunner struct {
+	mu     sync.Mutex
+	starts []TabletInput
+	states []*TabletState
+}
+
+func (r *tabletRunner) mock(env *testsuite.TestWorkflowEnvironment) {
+	env.OnWorkflow(TabletWorkflow, mock.Anything, mock.Anything, mock.Anything).Return(
+		func(_ workflow.Context, in TabletInput, st *TabletState) error {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.starts, r.states = append(r.starts, in), append(r.states, st)
+			return nil
+		})
+}
+
+func TestStreamRestartsATabletThatClosedWithoutATerminalReport(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{
+		lists:  [][]source.Tablet{{{ID: "t-0001"}}},
+		closed: [][]activities.ClosedTablet{{{Tablet: "t-0001", Status: "Terminated"}}},
+	}
+	w.mock(env)
+	var r tabletRunner
+	r.mock(env)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Replica: "zone1-0000000101", Checkpoint: cp(77), Records: 77, Updated: env.Now()})
+	}, 5*time.Second)
+	var st StreamStatus
+	env.RegisterDelayedCallback(func() { st = queryStatus(t, env); env.CancelWorkflow() }, 25*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Len(t, r.starts, 2, "started, then restarted once")
+	require.Nil(t, r.states[0])
+	require.NotNil(t, r.states[1])
+	require.Equal(t, cp(77), r.states[1].Checkpoint, "restarted from its last checkpoint")
+	require.Equal(t, int64(77), r.states[1].Status.Records, "with its counters")
+	row := st.Tablets[0]
+	require.Equal(t, 1, row.Restarts)
+	require.Contains(t, row.Reason, "Terminated")
+	require.NotEmpty(t, w.checks)
+	require.Equal(t, "orders/tablet/t-0001", w.checks[0].Tablets[0].WorkflowID)
+}
+
+func TestStreamAppliesALostSplitReportFromTheClosedTablet(t *testing.T) {
+	env := newEnv(t)
+	final, err := json.Marshal(TabletStatus{ID: "t-0001", State: Split, Children: []string{"t-0002", "t-0003"}, Handoff: cp(40), Checkpoint: cp(40)})
+	require.NoError(t, err)
+	w := &streamWith{
+		lists: [][]source.Tablet{
+			{{ID: "t-0001"}},
+			// The parent gone from the listing, its children there.
+			{{ID: "t-0002", Parent: "t-0001"}, {ID: "t-0003", Parent: "t-0001"}},
+		},
+		closed: [][]activities.ClosedTablet{nil, {{Tablet: "t-0001", Status: "Completed", Final: final}}},
+	}
+	w.mock(env)
+	var r tabletRunner
+	r.mock(env)
+	var st StreamStatus
+	env.RegisterDelayedCallback(func() { st = queryStatus(t, env); env.CancelWorkflow() }, 35*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Len(t, r.starts, 3)
+	require.Equal(t, "t-0002", r.starts[1].Tablet)
+	require.Equal(t, cp(40), r.starts[1].Start, "children start from the hand-off")
+	require.Equal(t, cp(40), r.starts[2].Start)
+	require.Equal(t, Split, st.Tablets[0].State)
+	require.Zero(t, st.Tablets[0].Restarts, "a split tablet is not restarted")
+}
+
+func TestSplitChildrenWaitForTheParentEvenWhenItLeavesTheListing(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{lists: [][]source.Tablet{
+		{{ID: "t-0001"}},
+		{{ID: "t-0002", Parent: "t-0001"}, {ID: "t-0003", Parent: "t-0001"}},
+	}}
+	w.mock(env)
+	// The tablet workflows return at once, but CheckTablets (finding none
+	// closed) keeps the parent "being read" in the stream's eyes.
+	var started startedTablets
+	started.mock(env)
+	var before []string
+	env.RegisterDelayedCallback(func() {
+		started.mu.Lock()
+		before = append(before, started.ids...)
+		started.mu.Unlock()
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Split, Children: []string{"t-0002", "t-0003"}, Handoff: cp(40), Updated: env.Now()})
+	}, 45*time.Second)
+	env.RegisterDelayedCallback(env.CancelWorkflow, 50*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Equal(t, []string{"orders/tablet/t-0001"}, before, "no child starts while its parent is read")
+	require.Equal(t, cp(40), started.in["t-0002"].Start, "the split report starts them from the hand-off")
+	require.Equal(t, cp(40), started.in["t-0003"].Start)
+}
+
+func TestStreamTakesCommandsWhileTheTopologyIsUnreachable(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{lists: [][]source.Tablet{
+		{{ID: "t-0001", Replicas: []source.Replica{replica("t-0001", "zone1-0000000101"), replica("t-0001", "zone1-0000000102")}}},
+		nil, // from the second read on, the topology is down
+	}}
+	w.mock(env)
+	var started startedTablets
+	started.mock(env)
+	var during, later StreamStatus
+	env.RegisterDelayedCallback(func() {
+		// The second read is retrying: the stream still takes the signal.
+		env.SignalWorkflow(CmdExclude, json.RawMessage(`{"aliases": ["zone1-0000000102"], "reason": "maintenance"}`))
+	}, 15*time.Second)
+	env.RegisterDelayedCallback(func() { during = queryStatus(t, env) }, 16*time.Second)
+	env.RegisterDelayedCallback(func() { later = queryStatus(t, env); env.CancelWorkflow() }, 2*time.Minute)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Len(t, during.Exclude, 1, "the exclusion is applied while the topology read retries")
+	require.NotNil(t, later.Topology, "the status says the topology is unreachable")
+	require.Contains(t, later.Topology.Error, "topology down")
+	require.False(t, later.Topology.Since.IsZero())
+}
+
+func TestRejectedConfigureLeavesTheStreamUnchanged(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{lists: [][]source.Tablet{{{ID: "t-0001"}}, {{ID: "t-0001"}, {ID: "t-0002"}}}}
+	w.mock(env)
+	var started startedTablets
+	started.mock(env)
+	var rejected error
+	env.RegisterDelayedCallback(func() {
+		// Repeated cells: rejected by the validator after decoding.
+		env.UpdateWorkflow(CmdConfigure, "cfg", &testsuite.TestUpdateCallback{
+			OnReject:   func(err error) { rejected = err },
+			OnAccept:   func() {},
+			OnComplete: func(any, error) {},
+		}, json.RawMessage(`{"selection": {"cells": ["zone9", "zone9"]}}`))
+	}, 5*time.Second)
+	env.RegisterDelayedCallback(env.CancelWorkflow, 15*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Error(t, rejected)
+	require.Contains(t, rejected.Error(), "selection.cells")
+	started.mu.Lock()
+	defer started.mu.Unlock()
+	require.Equal(t, []string{"zone1", "zone2"}, started.in["t-0002"].Config.Selection.Cells, "a rejected update changes nothing")
+}
+
+func temporalNonRetryable(msg, typ string, d activities.ErrorDetails) error {
+	return temporal.NewNonRetryableApplicationError(msg, typ, errors.New(msg), d)
+}

@@ -1,0 +1,199 @@
+package workflows
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// topologyBound bounds one topology read (the listing with its retries);
+// after it the stream says the topology is unreachable and tries again
+// after topologyRetry.
+const (
+	topologyBound = 20 * time.Second
+	topologyRetry = 10 * time.Second
+)
+
+// topologyRead is what one background topology read found.
+type topologyRead struct {
+	tablets []source.Tablet
+	err     error
+	// closed are the tablets whose workflows were found not running.
+	closed   []activities.ClosedTablet
+	checkErr error
+}
+
+// readTopology lists the tablets and checks which tablet workflows have
+// closed, in a workflow goroutine, and sends what it found to out: the
+// stream's loop goes on meanwhile.
+func (s *stream) readTopology(ctx, actx workflow.Context, out workflow.Channel) {
+	workflow.Go(ctx, func(gctx workflow.Context) {
+		var a *activities.Activities
+		var r topologyRead
+		lctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
+			StartToCloseTimeout: 10 * time.Second, ScheduleToCloseTimeout: topologyBound, Summary: "list tablets",
+			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
+		})
+		r.err = workflow.ExecuteActivity(lctx, a.ListTablets, s.cfg.Source).Get(gctx, &r.tablets)
+		if refs := s.running(); r.err == nil && len(refs) > 0 {
+			cctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
+				StartToCloseTimeout: time.Minute, ScheduleToCloseTimeout: 2 * time.Minute, Summary: fmt.Sprintf("check %d tablet workflows", len(refs)),
+				RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second},
+			})
+			r.checkErr = workflow.ExecuteActivity(cctx, a.CheckTablets, activities.CheckTabletsInput{Tablets: refs, StatusQuery: QueryStatus}).Get(gctx, &r.closed)
+		}
+		out.Send(gctx, r)
+	})
+}
+
+// running returns the tablets the stream believes have a running
+// workflow.
+func (s *stream) running() []activities.TabletRef {
+	var refs []activities.TabletRef
+	for _, id := range s.live() {
+		refs = append(refs, activities.TabletRef{Tablet: id, WorkflowID: TabletWorkflowID(s.id, id)})
+	}
+	return refs
+}
+
+// onTopology applies a topology read and returns when to read again.
+func (s *stream) onTopology(ctx workflow.Context, r topologyRead) time.Duration {
+	if r.err != nil {
+		if s.st.Topology == nil {
+			s.st.Topology = &TopologyTrouble{Since: workflow.Now(ctx)}
+		}
+		s.st.Topology.Error = clip(rootMessage(r.err))
+		s.log.Warn("list tablets failed; the stream goes on and tries again", "error", r.err, "since", s.st.Topology.Since)
+		return min(s.cfg.TopologyRefresh.D(), topologyRetry)
+	}
+	s.st.Topology = nil
+	// A tablet's terminal report is sent before its workflow closes: apply
+	// every report already here before deciding a tablet closed silently.
+	for {
+		var rep TabletStatus
+		if !s.reports.ReceiveAsync(&rep) {
+			break
+		}
+		s.onReport(ctx, rep)
+	}
+	if r.checkErr != nil {
+		s.log.Warn("checking the tablet workflows failed; again at the next refresh", "error", r.checkErr)
+	} else {
+		s.reconcile(ctx, r.closed)
+	}
+	s.applyListing(ctx, r.tablets)
+	return s.cfg.TopologyRefresh.D()
+}
+
+// learnAliases records the replicas the listing names (what exclude and
+// include accept) and returns the listed tablet IDs.
+func (s *stream) learnAliases(tablets []source.Tablet) map[string]bool {
+	listed := map[string]bool{}
+	aliases := map[string]bool{}
+	for _, t := range tablets {
+		listed[t.ID] = true
+		for _, r := range t.Replicas {
+			aliases[r.Alias] = true
+		}
+	}
+	s.st.Aliases = s.st.Aliases[:0]
+	for a := range aliases {
+		s.st.Aliases = append(s.st.Aliases, a)
+	}
+	slices.Sort(s.st.Aliases)
+	return listed
+}
+
+// applyListing starts a workflow for each listed tablet the stream does
+// not track and may start: a first-generation tablet; a child of a parent
+// that split before the stream knew it (neither listed nor tracked); or a
+// child of a parent that split in this stream (from the parent's
+// hand-off). A child of a parent still being read waits for its split.
+// A stopping stream starts nothing.
+func (s *stream) applyListing(ctx workflow.Context, tablets []source.Tablet) {
+	listed := s.learnAliases(tablets)
+	if s.st.Stop != nil {
+		return
+	}
+	var fresh []string
+	byHandoff := map[source.Checkpoint][]string{}
+	var handoffs []source.Checkpoint
+	for _, t := range tablets {
+		if s.st.Tablets[t.ID] != nil {
+			continue
+		}
+		p := s.st.Tablets[t.Parent]
+		switch {
+		case t.Parent == "" || (p == nil && !listed[t.Parent]):
+			fresh = append(fresh, t.ID)
+		case p != nil && p.State == Split:
+			if len(byHandoff[p.Handoff]) == 0 {
+				handoffs = append(handoffs, p.Handoff)
+			}
+			byHandoff[p.Handoff] = append(byHandoff[p.Handoff], t.ID)
+		}
+	}
+	s.startTablets(ctx, fresh, source.Checkpoint{})
+	for _, h := range handoffs {
+		s.startTablets(ctx, byHandoff[h], h)
+	}
+}
+
+// reconcile handles tablets found closed while the stream believed them
+// running: a terminal status the stream never received (a lost report) is
+// applied as if reported; any other close (terminated, reset, timed out,
+// failed) restarts the tablet from its last checkpoint, counted in its
+// status.
+func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTablet) {
+	slices.SortFunc(closed, func(a, b activities.ClosedTablet) int {
+		if a.Tablet < b.Tablet {
+			return -1
+		}
+		if a.Tablet > b.Tablet {
+			return 1
+		}
+		return 0
+	})
+	var restarts []childStart
+	for _, c := range closed {
+		prev := s.st.Tablets[c.Tablet]
+		if prev == nil || terminal(prev.State) {
+			continue // its terminal report came meanwhile
+		}
+		var final *TabletStatus
+		if len(c.Final) > 0 {
+			var f TabletStatus
+			if err := json.Unmarshal(c.Final, &f); err == nil && f.ID == c.Tablet {
+				final = &f
+			}
+		}
+		if final != nil && terminal(final.State) {
+			s.log.Warn("applying a tablet's terminal status its report never delivered", "tablet", c.Tablet, "state", final.State)
+			s.onReport(ctx, *final)
+			continue
+		}
+		row := *prev
+		if final != nil && final.Updated.After(prev.Updated) {
+			row = *final
+		}
+		if final != nil {
+			row.Checkpoint = source.Max(row.Checkpoint, final.Checkpoint)
+		}
+		paused := prev.State == Paused
+		row.State, row.Restarts = Starting, max(prev.Restarts, row.Restarts)+1
+		row.Reason = fmt.Sprintf("restarted from its checkpoint: its workflow closed (%s) without a terminal report", c.Status)
+		row.Updated = workflow.Now(ctx)
+		s.log.Warn("tablet workflow closed without a terminal report; restarting it", "tablet", c.Tablet, "closed", c.Status, "checkpoint", row.Checkpoint)
+		s.st.Tablets[c.Tablet] = &row
+		st := &TabletState{Status: row, Checkpoint: row.Checkpoint, Exclude: row.Excluded, Pause: paused, Stop: s.st.Stop != nil}
+		restarts = append(restarts, childStart{id: c.Tablet, start: row.Checkpoint, state: st})
+	}
+	s.startChildren(ctx, restarts)
+}

@@ -1,0 +1,199 @@
+package workflows
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+)
+
+// finalReportTries bounds how often a terminal report that failed for a
+// reason other than the stream being gone is sent again; after that the
+// tablet ends anyway and the stream learns its end from its reconcile
+// (it queries a closed tablet's final status).
+const finalReportTries = 5
+
+// setState records a state change, keeps the search attributes and the
+// workflow's details current, and reports to the stream at once.
+func (t *tablet) setState(ctx workflow.Context, state State, replica, reason string) error {
+	s := &t.st.Status
+	reason = clip(reason)
+	changed := s.State != state || s.Replica != replica || s.Reason != reason
+	s.State, s.Replica, s.Reason = state, replica, reason
+	if !changed {
+		return t.report(ctx, false)
+	}
+	if err := workflow.UpsertTypedSearchAttributes(ctx, SAState.ValueSet(string(state)), SAReplica.ValueSet(replica)); err != nil {
+		t.log.Warn("search attributes not updated", "error", err)
+	}
+	return t.report(ctx, true)
+}
+
+// report signals the tablet's status to its stream: at once when forced
+// (a state change) or when an earlier report was lost, otherwise at most
+// every max(60s, tablets × 0.5s). A closed stream ends the tablet
+// (errStreamGone).
+func (t *tablet) report(ctx workflow.Context, force bool) error {
+	now := workflow.Now(ctx)
+	t.st.Status.Updated = now
+	workflow.SetCurrentDetails(ctx, t.details())
+	interval := max(60*time.Second, time.Duration(t.in.Tablets)*500*time.Millisecond)
+	if !force && !t.resend && now.Sub(t.st.LastReport) < interval {
+		return nil
+	}
+	t.st.LastReport = now
+	// The signal is not awaited: the next run starts at once, and a busy
+	// stream never holds a tablet up. Its outcome is checked at the next
+	// report (and awaited before the workflow ends).
+	if err := t.checkReports(ctx, false); err != nil {
+		return err
+	}
+	t.send(ctx)
+	if !terminal(t.st.Status.State) {
+		return nil
+	}
+	if !t.durable() {
+		return t.checkReports(ctx, true)
+	}
+	// The last report is the stream's only word of how the tablet ended:
+	// make sure it arrived.
+	backoff := minBackoff
+	for try := 1; ; try++ {
+		if err := t.checkReports(ctx, true); err != nil || !t.resend {
+			return err
+		}
+		if try == finalReportTries {
+			t.log.Error("terminal report not delivered; the stream's reconcile will read it from this closed workflow", "tries", try)
+			return nil
+		}
+		if err := workflow.Sleep(ctx, backoff); err != nil {
+			return err
+		}
+		backoff = min(2*backoff, maxBackoff)
+		t.send(ctx)
+	}
+}
+
+// send signals the current status to the stream (by workflow ID, so it
+// reaches the stream's current run).
+func (t *tablet) send(ctx workflow.Context) {
+	t.resend = false
+	t.reports = append(t.reports, workflow.SignalExternalWorkflow(ctx, t.in.Stream, "", SignalTabletReport, t.st.Status))
+}
+
+// checkReports collects the outcome of reports sent (all of them when
+// wait is set, else those already delivered). A report that failed
+// because the stream is gone ends the tablet (errStreamGone); any other
+// failure (the stream's signal limit, a transient error) marks the status
+// to be sent again.
+func (t *tablet) checkReports(ctx workflow.Context, wait bool) error {
+	pending := t.reports[:0]
+	var gone error
+	for _, f := range t.reports {
+		if !wait && !f.IsReady() {
+			pending = append(pending, f)
+			continue
+		}
+		err := f.Get(ctx, nil)
+		if err == nil {
+			continue
+		}
+		var unknown *temporal.UnknownExternalWorkflowExecutionError
+		if !t.durable() || errors.As(err, &unknown) {
+			if gone == nil {
+				t.log.Warn("report to stream failed: the stream is gone", "error", err)
+			}
+			gone = errStreamGone
+			continue
+		}
+		t.log.Warn("report to stream failed; sending it again", "error", err)
+		t.resend = true
+	}
+	t.reports = pending
+	return gone
+}
+
+// details says in words what the tablet is doing, for the Web UI.
+func (t *tablet) details() string {
+	s := t.st.Status
+	out := fmt.Sprintf("**%s** tablet `%s`", s.State, s.ID)
+	if s.Replica != "" {
+		out += fmt.Sprintf(" on replica `%s`", s.Replica)
+	}
+	out += fmt.Sprintf("\n\ncheckpoint `%s`, %d records in %d batches", orDash(s.Checkpoint.String()), s.Records, s.Batches)
+	if s.Reason != "" {
+		out += "\n\nwhy: " + s.Reason
+	}
+	if s.LastError != "" {
+		out += fmt.Sprintf("\n\nattempt %d, last error: %s", s.Attempt, s.LastError)
+	}
+	if s.Restarts > 0 {
+		out += fmt.Sprintf("\n\nrestarted %d times by the stream", s.Restarts)
+	}
+	return out
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// maxText bounds the error and reason strings the workflows keep, so the
+// state carried across continue-as-new stays small.
+const maxText = 512
+
+// clip shortens s to maxText bytes (on a rune boundary), marking the cut.
+func clip(s string) string {
+	if len(s) <= maxText {
+		return s
+	}
+	cut := maxText
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// isType reports whether err carries an ApplicationError of type typ.
+func isType(err error, typ string) bool {
+	var app *temporal.ApplicationError
+	return errors.As(err, &app) && app.Type() == typ
+}
+
+// details extracts an ApplicationError's details, if any.
+func details(err error, v any) {
+	var app *temporal.ApplicationError
+	if errors.As(err, &app) && app.HasDetails() {
+		_ = app.Details(v)
+	}
+}
+
+// retriesExhausted reports whether an activity failed because its retry
+// policy ran out of attempts (or time) on plain retryable errors.
+func retriesExhausted(err error) bool {
+	var act *temporal.ActivityError
+	if !errors.As(err, &act) {
+		return false
+	}
+	switch act.RetryState() {
+	case enumspb.RETRY_STATE_MAXIMUM_ATTEMPTS_REACHED, enumspb.RETRY_STATE_TIMEOUT:
+		return true
+	}
+	return false
+}
+
+// rootMessage is the innermost error's message: what actually went wrong.
+func rootMessage(err error) string {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err.Error()
+		}
+		err = next
+	}
+}

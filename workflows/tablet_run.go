@@ -1,0 +1,222 @@
+package workflows
+
+import (
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/picker"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// selectReplica runs the tablet picker; with no eligible replica it moves
+// to NoEligibleReplica and returns an error so the loop backs off. The
+// picker is a local activity: a topology read of milliseconds that needs
+// no trip through the server's task queues, so that when an exclusion moves
+// many tablets at once each re-selects within one workflow task.
+func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, error) {
+	var a *activities.Activities
+	actx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+		StartToCloseTimeout: 10 * time.Second,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second, MaximumAttempts: 5,
+			NonRetryableErrorTypes: activities.NonRetryable,
+		},
+		Summary: "select a replica of " + t.in.Tablet,
+	})
+	var sel activities.Selection
+	in := activities.SelectReplicaInput{
+		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: t.in.Config.Source,
+		Selection: t.in.Config.Selection, Exclude: t.liveExclusions(ctx),
+	}
+	if !t.st.Selected {
+		in.Operator, in.OperatorKnown = t.in.Exclude, true
+	}
+	err := workflow.ExecuteLocalActivity(actx, a.SelectReplica, in).Get(ctx, &sel)
+	if err == nil {
+		t.st.Selected = true
+		return sel, nil
+	}
+	state := Retrying
+	if isType(err, activities.ErrNoEligibleReplica) {
+		state = NoEligibleReplica
+	}
+	t.st.Status.LastError = clip(rootMessage(err))
+	if rerr := t.setState(ctx, state, "", t.st.Status.LastError); rerr != nil {
+		return sel, rerr
+	}
+	return sel, err
+}
+
+// getChanges runs one GetChanges activity on the selected replica and
+// reacts to how it ended. done means the tablet workflow is finished.
+func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (done bool, err error) {
+	cfg := t.in.Config
+	t.st.Status.Attempt = 1
+	t.st.Status.LastError = ""
+	if err := t.setState(ctx, Streaming, sel.Replica.Alias, ""); err != nil {
+		return false, err
+	}
+	var a *activities.Activities
+	runCtx, cancel := workflow.WithCancel(ctx)
+	actx := workflow.WithActivityOptions(runCtx, workflow.ActivityOptions{
+		// Generous: a run ends by itself after run.duration.
+		StartToCloseTimeout: cfg.Run.Duration.D() + cfg.Batch.MaxWait.D() + 2*time.Minute,
+		HeartbeatTimeout:    cfg.Run.HeartbeatTimeout.D(),
+		WaitForCancellation: true,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:        cfg.Retry.InitialInterval.D(),
+			BackoffCoefficient:     cfg.Retry.BackoffCoefficient,
+			MaximumInterval:        cfg.Retry.MaximumInterval.D(),
+			MaximumAttempts:        cfg.Retry.Attempts(),
+			NonRetryableErrorTypes: activities.NonRetryable,
+		},
+		Summary: fmt.Sprintf("read %s from %s after %s", t.in.Tablet, sel.Replica.Alias, orDash(t.st.Checkpoint.String())),
+	})
+	fut := workflow.ExecuteActivity(actx, a.GetChanges, activities.GetChangesInput{
+		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
+		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Start: t.in.Start, Batch: cfg.Batch, RunFor: cfg.Run.Duration,
+		Retention: t.in.Retention,
+	})
+	// While it runs: the activity says when it retries and recovers; an
+	// operator's pause or stop cancels it (it returns at a batch boundary,
+	// after its commit).
+	cancelled := false
+	for !fut.IsReady() {
+		s := workflow.NewSelector(ctx)
+		s.AddFuture(fut, func(workflow.Future) {})
+		s.AddReceive(t.progress, func(c workflow.ReceiveChannel, _ bool) {
+			var p activities.Progress
+			c.Receive(ctx, &p)
+			t.st.Status.Attempt = p.Attempt
+			state := Streaming
+			if p.State == string(Retrying) {
+				state = Retrying
+				t.st.Status.LastError = clip(p.LastError)
+			}
+			err = t.setState(ctx, state, p.Replica, "")
+		})
+		s.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
+			var cmd TabletCommand
+			c.Receive(ctx, &cmd)
+			if t.handle(ctx, cmd) && !cancelled {
+				cancelled = true
+				cancel()
+			}
+		})
+		s.Select(ctx)
+		if err != nil {
+			cancel()
+			return false, err
+		}
+	}
+	var res activities.GetChangesResult
+	runErr := fut.Get(ctx, &res)
+	// The replica is kept after a run that simply ended on a preferred
+	// pick, and after the sink's trouble (not the replica's).
+	keep := runErr == nil && !cancelled && res.Stopped == activities.StoppedRunEnded && !sel.Fallback
+	if !keep && !isType(runErr, activities.ErrSinkUnavailable) {
+		t.current = nil
+	}
+	if runErr == nil || (cancelled && temporal.IsCanceledError(runErr)) {
+		t.backoff = 0
+		t.advance(res.Checkpoint)
+		t.st.Status.Records += res.Records
+		t.st.Status.Batches += res.Batches
+		t.st.Status.LagSeconds = res.LagSeconds
+		return false, t.report(ctx, false)
+	}
+	return t.onError(ctx, sel, runErr)
+}
+
+// onError decides what a failed run means for the tablet.
+func (t *tablet) onError(ctx workflow.Context, sel activities.Selection, runErr error) (bool, error) {
+	var d activities.ErrorDetails
+	details(runErr, &d)
+	t.advance(d.Checkpoint)
+	t.st.Status.LastError = clip(rootMessage(runErr))
+	alias := sel.Replica.Alias
+	now := workflow.Now(ctx)
+	switch {
+	case isType(runErr, activities.ErrFenced):
+		// Another writer committed to this tablet's sink: this run ends and
+		// the next one reopens the sink at its stored checkpoint.
+		t.log.Warn("sink fenced this run; starting a new one", "error", runErr)
+		return false, t.wait(ctx)
+	case isType(runErr, activities.ErrSinkUnavailable):
+		// The sink's trouble, not the replica's: wait, then read the same
+		// replica again; nothing is excluded.
+		t.log.Warn("sink unavailable; waiting", "error", runErr)
+		if err := t.setState(ctx, Retrying, alias, "sink unavailable: "+t.st.Status.LastError); err != nil {
+			return false, err
+		}
+		return false, t.wait(ctx)
+	case isType(runErr, activities.ErrSinkFailed):
+		// No replica can help: the sink cannot take this tablet's data.
+		return true, t.setState(ctx, Failed, alias, "sink: "+t.st.Status.LastError)
+	case isType(runErr, activities.ErrReplicaUnhealthy):
+		// The picker's health filter skips it: re-select at once.
+		return false, nil
+	case isType(runErr, activities.ErrRetryElsewhere):
+		if t.exclude(ctx, sel, d.Reason, now) {
+			return false, nil // another replica, at once
+		}
+		return false, t.wait(ctx) // the last one: again, with capped backoff
+	case isType(runErr, activities.ErrTabletSplit) && d.Split != nil:
+		t.advance(d.Split.Handoff)
+		t.st.Status.Children = d.Split.Children
+		t.st.Status.Handoff = d.Split.Handoff
+		return true, t.setState(ctx, Split, alias, fmt.Sprintf("split into %v at %s", d.Split.Children, d.Split.Handoff))
+	case isType(runErr, activities.ErrStreamExpired):
+		return true, t.setState(ctx, Expired, alias, "the source no longer holds the history this tablet needs: "+t.st.Status.LastError)
+	case isType(runErr, activities.ErrFatal):
+		return true, t.setState(ctx, Failed, alias, t.st.Status.LastError)
+	case retriesExhausted(runErr):
+		// A replica the topology calls healthy failed maximumAttempts
+		// times: exclude it for a while and pick another.
+		t.exclude(ctx, sel, "RETRIES_EXHAUSTED", now)
+		return false, t.wait(ctx)
+	}
+	t.log.Warn("tablet run failed", "error", runErr)
+	return false, t.wait(ctx)
+}
+
+// exclude adds the replica to the tablet's own exclude list for
+// autoExcludeTTL, unless it is the last eligible replica: that one is kept
+// and retried with capped backoff. It reports whether it excluded.
+func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason string, now time.Time) bool {
+	if sel.Candidates <= 1 {
+		t.log.Warn("not excluding the last eligible replica", "replica", sel.Replica.Alias, "reason", reason)
+		return false
+	}
+	t.st.Exclude = append(t.st.Exclude, config.Exclusion{
+		Alias: sel.Replica.Alias, Tablet: t.in.Tablet, Reason: reason,
+		Expires: now.Add(t.in.Config.AutoExcludeTTL.D()),
+	})
+	t.st.Status.Excluded = t.liveExclusions(ctx)
+	return true
+}
+
+// liveExclusions drops expired automatic entries and returns the rest.
+func (t *tablet) liveExclusions(ctx workflow.Context) []config.Exclusion {
+	now := workflow.Now(ctx)
+	live := t.st.Exclude[:0]
+	for _, e := range t.st.Exclude {
+		if _, ok := picker.Excluded([]config.Exclusion{e}, e.Alias, t.in.Tablet, now); ok {
+			live = append(live, e)
+		}
+	}
+	t.st.Exclude = live
+	return append([]config.Exclusion(nil), live...)
+}
+
+func (t *tablet) advance(cp source.Checkpoint) {
+	if cp.Compare(t.st.Checkpoint) > 0 {
+		t.st.Checkpoint = cp
+		t.st.Status.Checkpoint = cp
+	}
+}

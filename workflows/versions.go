@@ -1,0 +1,20 @@
+package workflows
+
+import "go.temporal.io/sdk/workflow"
+
+// Workflow versions. Every change to the sequence of commands a workflow
+// issues goes behind workflow.GetVersion with a change ID listed here, so
+// that workflows already running when a worker is upgraded replay the
+// shape they were recorded with (testdata holds a recorded history of
+// each shape; recordings are append-only).
+const (
+	// changeDurable: the stop is checked before continue-as-new and the
+	// operator's intents ride in the state; report failures other than
+	// "stream gone" are sent again; the stream reads its topology beside
+	// its selector with a bound, reconciles closed tablets, starts split
+	// children only after the parent's split, and fans commands out in
+	// waves.
+	changeDurable = "durable-workflows"
+	// versionDurable is changeDurable's version.
+	versionDurable workflow.Version = 1
+)
