@@ -116,89 +116,58 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	}
 	var res activities.GetChangesResult
 	runErr := fut.Get(ctx, &res)
-	// The replica is kept after a run that simply ended on a preferred
-	// pick, and after the sink's trouble (not the replica's).
-	keep := runErr == nil && !cancelled && res.Stopped == activities.StoppedRunEnded && !sel.Fallback
-	if !keep && !isType(runErr, activities.ErrSinkUnavailable) {
-		t.current = nil
+	if runErr != nil {
+		t.log.Warn("tablet run failed", "error", runErr)
 	}
-	if runErr == nil || (cancelled && temporal.IsCanceledError(runErr)) {
-		t.backoff = 0
-		t.advance(res.Checkpoint)
+	o := runOutcome(res, runErr, cancelled)
+	if o.end == runOK {
 		t.st.Status.Records += res.Records
 		t.st.Status.Batches += res.Batches
 		t.st.Status.LagSeconds = res.LagSeconds
-		return false, t.report(ctx, false)
 	}
-	return t.onError(ctx, sel, runErr)
+	return t.apply(ctx, sel, o, decide(o, sel))
 }
 
-// onError decides what a failed run means for the tablet.
-func (t *tablet) onError(ctx workflow.Context, sel activities.Selection, runErr error) (bool, error) {
-	var d activities.ErrorDetails
-	details(runErr, &d)
-	t.advance(d.Checkpoint)
-	t.st.Status.LastError = clip(rootMessage(runErr))
-	alias := sel.Replica.Alias
-	now := workflow.Now(ctx)
-	switch {
-	case isType(runErr, activities.ErrFenced):
-		// Another writer committed to this tablet's sink: this run ends and
-		// the next one reopens the sink at its stored checkpoint.
-		t.log.Warn("sink fenced this run; starting a new one", "error", runErr)
-		return false, t.wait(ctx)
-	case isType(runErr, activities.ErrSinkUnavailable):
-		// The sink's trouble, not the replica's: wait, then read the same
-		// replica again; nothing is excluded.
-		t.log.Warn("sink unavailable; waiting", "error", runErr)
-		if err := t.setState(ctx, Retrying, alias, "sink unavailable: "+t.st.Status.LastError); err != nil {
-			return false, err
+// apply carries out the decision core's decision on a run's outcome.
+func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome, d decision) (done bool, err error) {
+	if !d.keepReplica {
+		t.current = nil
+	}
+	t.advance(o.checkpoint)
+	if d.resetBackoff {
+		t.backoff = 0
+	}
+	if o.end == runOK {
+		return false, t.report(ctx, false)
+	}
+	t.st.Status.LastError = o.message
+	if o.split != nil {
+		t.advance(o.split.Handoff)
+		t.st.Status.Children = o.split.Children
+		t.st.Status.Handoff = o.split.Handoff
+	}
+	if d.state != "" {
+		if err := t.setState(ctx, d.state, sel.Replica.Alias, d.reason); err != nil || d.done {
+			return d.done, err
 		}
-		return false, t.wait(ctx)
-	case isType(runErr, activities.ErrSinkFailed):
-		// No replica can help: the sink cannot take this tablet's data.
-		return true, t.setState(ctx, Failed, alias, "sink: "+t.st.Status.LastError)
-	case isType(runErr, activities.ErrReplicaUnhealthy):
-		// The picker's health filter skips it: re-select at once.
-		return false, nil
-	case isType(runErr, activities.ErrRetryElsewhere):
-		if t.exclude(ctx, sel, d.Reason, now) {
-			return false, nil // another replica, at once
-		}
-		return false, t.wait(ctx) // the last one: again, with capped backoff
-	case isType(runErr, activities.ErrTabletSplit) && d.Split != nil:
-		t.advance(d.Split.Handoff)
-		t.st.Status.Children = d.Split.Children
-		t.st.Status.Handoff = d.Split.Handoff
-		return true, t.setState(ctx, Split, alias, fmt.Sprintf("split into %v at %s", d.Split.Children, d.Split.Handoff))
-	case isType(runErr, activities.ErrStreamExpired):
-		return true, t.setState(ctx, Expired, alias, "the source no longer holds the history this tablet needs: "+t.st.Status.LastError)
-	case isType(runErr, activities.ErrFatal):
-		return true, t.setState(ctx, Failed, alias, t.st.Status.LastError)
-	case retriesExhausted(runErr):
-		// A replica the topology calls healthy failed maximumAttempts
-		// times: exclude it for a while and pick another.
-		t.exclude(ctx, sel, "RETRIES_EXHAUSTED", now)
+	}
+	if d.exclude != "" {
+		t.exclude(ctx, sel, d.exclude, workflow.Now(ctx))
+	}
+	if d.wait {
 		return false, t.wait(ctx)
 	}
-	t.log.Warn("tablet run failed", "error", runErr)
-	return false, t.wait(ctx)
+	return false, nil
 }
 
 // exclude adds the replica to the tablet's own exclude list for
-// autoExcludeTTL, unless it is the last eligible replica: that one is kept
-// and retried with capped backoff. It reports whether it excluded.
-func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason string, now time.Time) bool {
-	if sel.Candidates <= 1 {
-		t.log.Warn("not excluding the last eligible replica", "replica", sel.Replica.Alias, "reason", reason)
-		return false
-	}
+// autoExcludeTTL (decide never asks for the last eligible replica).
+func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason string, now time.Time) {
 	t.st.Exclude = append(t.st.Exclude, config.Exclusion{
 		Alias: sel.Replica.Alias, Tablet: t.in.Tablet, Reason: reason,
 		Expires: now.Add(t.in.Config.AutoExcludeTTL.D()),
 	})
 	t.st.Status.Excluded = t.liveExclusions(ctx)
-	return true
 }
 
 // liveExclusions drops expired automatic entries and returns the rest.

@@ -1,0 +1,159 @@
+package workflows
+
+import (
+	"errors"
+	"fmt"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// The tablet's decision core: what one GetChanges run's end means for the
+// tablet. decide is a pure function of the run's outcome and the
+// selection it ran on (no clock, no Temporal calls), table-tested row by
+// row in decide_test.go; the workflow only carries its decision out
+// (tablet.apply).
+
+// runEnd is how a GetChanges run ended.
+type runEnd int
+
+const (
+	// runOK: the run returned a result (its time was up, or it stopped at a
+	// batch boundary: cancelled, excluded, the worker stopping).
+	runOK runEnd = iota
+	runFenced
+	runSinkUnavailable
+	runSinkFailed
+	runReplicaUnhealthy
+	runRetryElsewhere
+	runSplit
+	runExpired
+	runFatal
+	// runRetriesExhausted: plain retryable errors until the retry policy
+	// ran out on a replica the topology calls healthy.
+	runRetriesExhausted
+	// runTransient: any other failure; try again after a backoff.
+	runTransient
+)
+
+// outcome is a run's end reduced to what the decision needs.
+type outcome struct {
+	end runEnd
+	// checkpoint is the latest one the run committed (its result, or its
+	// error's details).
+	checkpoint source.Checkpoint
+	// reason is the error's classified reason (POSITION_MISMATCH, …) and
+	// message what went wrong, in words.
+	reason, message string
+	// stopped says why an OK run returned (activities.StoppedRunEnded: its
+	// time was up); cancelled, that the workflow cancelled it.
+	stopped   string
+	cancelled bool
+	split     *activities.SplitDetails
+}
+
+// decision is what the tablet does next.
+type decision struct {
+	// state, if set, is the tablet's next state, with reason.
+	state  State
+	reason string
+	// exclude, if set, puts the replica on the tablet's own exclude list
+	// for autoExcludeTTL with this reason.
+	exclude string
+	// wait: back off before the next run; resetBackoff: the run made
+	// progress, the next failure starts the backoff afresh.
+	wait, resetBackoff bool
+	// keepReplica: the next run reads the same replica without selecting.
+	keepReplica bool
+	// done: the tablet workflow ends (state is terminal).
+	done bool
+}
+
+// decide returns what a run's outcome means for a tablet that ran on sel.
+func decide(o outcome, sel activities.Selection) decision {
+	switch o.end {
+	case runOK:
+		// A run that simply used up its time on a preferred pick keeps its
+		// replica; a cancelled or stopped one, or a fallback pick, selects
+		// again so it returns to a better replica once it can.
+		keep := !o.cancelled && o.stopped == activities.StoppedRunEnded && !sel.Fallback
+		return decision{resetBackoff: true, keepReplica: keep}
+	case runFenced:
+		// Another writer committed to this tablet's sink: the next run
+		// reopens the sink at its stored checkpoint.
+		return decision{wait: true}
+	case runSinkUnavailable:
+		// The sink's trouble, not the replica's: nothing is excluded and
+		// the same replica is read again after the backoff.
+		return decision{state: Retrying, reason: "sink unavailable: " + o.message, wait: true, keepReplica: true}
+	case runSinkFailed:
+		// No replica can help: the sink cannot take this tablet's data.
+		return decision{state: Failed, reason: "sink: " + o.message, done: true}
+	case runReplicaUnhealthy:
+		// The picker's health filter skips it: select again at once.
+		return decision{}
+	case runRetryElsewhere:
+		// Another replica at once; the last eligible one is never
+		// excluded, it is retried with capped backoff.
+		if sel.Candidates > 1 {
+			return decision{exclude: o.reason}
+		}
+		return decision{wait: true}
+	case runSplit:
+		return decision{state: Split, reason: fmt.Sprintf("split into %v at %s", o.split.Children, o.split.Handoff), done: true}
+	case runExpired:
+		return decision{state: Expired, reason: "the source no longer holds the history this tablet needs: " + o.message, done: true}
+	case runFatal:
+		return decision{state: Failed, reason: o.message, done: true}
+	case runRetriesExhausted:
+		// A replica the topology calls healthy failed maximumAttempts
+		// times: excluded for a while (unless it is the last one), and the
+		// tablet selects again after a backoff.
+		d := decision{wait: true}
+		if sel.Candidates > 1 {
+			d.exclude = "RETRIES_EXHAUSTED"
+		}
+		return d
+	}
+	return decision{wait: true}
+}
+
+// runOutcome reads how a GetChanges run ended from its result and error:
+// the one place that looks at Temporal's error types.
+func runOutcome(res activities.GetChangesResult, runErr error, cancelled bool) outcome {
+	if runErr == nil || (cancelled && temporal.IsCanceledError(runErr)) {
+		return outcome{end: runOK, checkpoint: res.Checkpoint, stopped: res.Stopped, cancelled: cancelled}
+	}
+	var d activities.ErrorDetails
+	details(runErr, &d)
+	o := outcome{end: runTransient, checkpoint: d.Checkpoint, reason: d.Reason, message: clip(rootMessage(runErr))}
+	var app *temporal.ApplicationError
+	if errors.As(runErr, &app) {
+		switch app.Type() {
+		case activities.ErrFenced:
+			o.end = runFenced
+		case activities.ErrSinkUnavailable:
+			o.end = runSinkUnavailable
+		case activities.ErrSinkFailed:
+			o.end = runSinkFailed
+		case activities.ErrReplicaUnhealthy:
+			o.end = runReplicaUnhealthy
+		case activities.ErrRetryElsewhere:
+			o.end = runRetryElsewhere
+		case activities.ErrTabletSplit:
+			if d.Split != nil {
+				o.end, o.split = runSplit, d.Split
+			}
+		case activities.ErrStreamExpired:
+			o.end = runExpired
+		case activities.ErrFatal:
+			o.end = runFatal
+		}
+	}
+	if o.end == runTransient && retriesExhausted(runErr) {
+		o.end = runRetriesExhausted
+	}
+	return o
+}
