@@ -1,17 +1,20 @@
 package activities
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/source"
 )
 
 // ApplicationError types GetChanges and SelectReplica return for the
-// workflow to decide on. Retry-same errors are plain retryable errors.
+// workflow to decide on. Retry-same errors of the source are plain
+// retryable errors; a sink error never is (classifySink).
 const (
 	ErrRetryElsewhere    = "RetryElsewhere"
 	ErrReplicaUnhealthy  = "ReplicaUnhealthy"
@@ -78,6 +81,78 @@ func nonRetryable(typ string, err error, d ErrorDetails) error {
 func unhealthy(alias, why string, cp source.Checkpoint) error {
 	err := fmt.Errorf("replica %s is %s", alias, why)
 	return nonRetryable(ErrReplicaUnhealthy, err, ErrorDetails{Reason: "REPLICA_" + strings.ToUpper(strings.ReplaceAll(why, " ", "_")), Replica: alias, Checkpoint: cp})
+}
+
+// sinkClass is what a sink error means for the tablet: the type of the
+// ApplicationError GetChanges returns, and its reason.
+type sinkClass struct {
+	Type   string // ErrFenced, ErrSinkUnavailable or ErrSinkFailed
+	Reason string
+}
+
+// classifySink maps an error from a sink (building it, Open, Write,
+// Commit) to what the workflow must do. A sink error is never the
+// replica's fault, so it is never a plain retryable error (which the
+// activity's RetryPolicy counts against the replica). It reads only the
+// sink package's sentinels, which adapters' errors wrap, never a message:
+//
+//	sink.ErrFenced                    → Fenced           FENCED
+//	sink.ErrCorrupt                   → SinkFailed       SINK_CORRUPT
+//	sink.ErrBadRecord                 → SinkFailed       SINK_BAD_RECORD
+//	sink.ErrBadTablet                 → SinkFailed       SINK_BAD_TABLET
+//	sink.ErrBadCommit                 → SinkFailed       SINK_BAD_COMMIT
+//	sink.ErrLocked                    → SinkUnavailable  SINK_LOCKED
+//	sink.ErrClosed                    → SinkUnavailable  SINK_CLOSED
+//	context.DeadlineExceeded          → SinkUnavailable  SINK_TIMEOUT
+//	context.Canceled                  → SinkUnavailable  SINK_CANCELLED
+//	anything else (I/O, disk full)    → SinkUnavailable  SINK_IO
+//
+// Fenced wins over the rest (a fenced commit may also fail to clean up),
+// and SinkFailed over SinkUnavailable: a corrupt sink stays corrupt.
+func classifySink(err error) sinkClass {
+	for _, c := range []struct {
+		target error
+		class  sinkClass
+	}{
+		{sink.ErrFenced, sinkClass{ErrFenced, "FENCED"}},
+		{sink.ErrCorrupt, sinkClass{ErrSinkFailed, "SINK_CORRUPT"}},
+		{sink.ErrBadRecord, sinkClass{ErrSinkFailed, "SINK_BAD_RECORD"}},
+		{sink.ErrBadTablet, sinkClass{ErrSinkFailed, "SINK_BAD_TABLET"}},
+		{sink.ErrBadCommit, sinkClass{ErrSinkFailed, "SINK_BAD_COMMIT"}},
+		{sink.ErrLocked, sinkClass{ErrSinkUnavailable, "SINK_LOCKED"}},
+		{sink.ErrClosed, sinkClass{ErrSinkUnavailable, "SINK_CLOSED"}},
+		{context.DeadlineExceeded, sinkClass{ErrSinkUnavailable, "SINK_TIMEOUT"}},
+		{context.Canceled, sinkClass{ErrSinkUnavailable, "SINK_CANCELLED"}},
+	} {
+		if errors.Is(err, c.target) {
+			return c.class
+		}
+	}
+	return sinkClass{ErrSinkUnavailable, "SINK_IO"}
+}
+
+// sinkError is the error GetChanges returns for a sink error: typed by
+// classifySink, carrying the replica and the latest committed checkpoint.
+func sinkError(err error, replica string, cp source.Checkpoint) error {
+	c := classifySink(err)
+	return nonRetryable(c.Type, err, ErrorDetails{Reason: c.Reason, Replica: replica, Checkpoint: cp})
+}
+
+// sinkBehind is the SinkFailed error for a sink whose stored checkpoint is
+// behind one that was committed to it (the workflow's, or an earlier
+// attempt's): records between the two are gone from the sink, and reading
+// on from either point would hide that.
+func sinkBehind(stored, committed source.Checkpoint, replica string) error {
+	err := fmt.Errorf("sink checkpoint %s is behind the workflow's %s: data lost from the sink?", orNone(stored), orNone(committed))
+	return nonRetryable(ErrSinkFailed, err, ErrorDetails{Reason: "SINK_BEHIND", Replica: replica, Checkpoint: committed})
+}
+
+// orNone formats a checkpoint, "none" for the zero one.
+func orNone(cp source.Checkpoint) string {
+	if cp.IsZero() {
+		return "none"
+	}
+	return cp.String()
 }
 
 // fatalf is a non-retryable Fatal error.

@@ -4,6 +4,7 @@
 package activities
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -18,10 +19,20 @@ import (
 // Resources opens sources and sinks from a stream's config and shares them
 // across activities, so connections and file handles are reused.
 type Resources struct {
+	// NewSource and NewSink build a source or a stream's sink the first
+	// time one is needed. Nil means the adapters this package knows
+	// (tabletd; jsonl); tests set fakes.
+	NewSource func(cfg config.Source) (source.Source, error)
+	NewSink   func(cfg config.Sink, stream string) (sink.Sink, error)
+
 	mu      sync.Mutex
 	sources map[sourceKey]source.Source
 	sinks   map[sinkKey]sink.Sink
 }
+
+// errUnknownKind: a config names an adapter this worker does not have, a
+// config error rather than trouble with the source or sink.
+var errUnknownKind = errors.New("unknown kind")
 
 // sourceKey is what identifies a connection (tables do not).
 type sourceKey struct {
@@ -45,16 +56,19 @@ func (r *Resources) Source(cfg config.Source) (source.Source, error) {
 	if s := r.sources[key]; s != nil {
 		return s, nil
 	}
-	switch cfg.Kind {
-	case "tabletd":
-		s, err := tabletd.Dial(cfg.Address, cfg.Keyspace)
-		if err != nil {
-			return nil, err
-		}
-		r.sources[key] = s
-		return s, nil
+	open := r.NewSource
+	if open == nil {
+		open = newSource
 	}
-	return nil, fmt.Errorf("source.kind: unknown kind %q", cfg.Kind)
+	s, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if r.sources == nil {
+		r.sources = map[sourceKey]source.Source{}
+	}
+	r.sources[key] = s
+	return s, nil
 }
 
 // Sink returns the shared sink of a stream.
@@ -65,16 +79,45 @@ func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
 	if s := r.sinks[key]; s != nil {
 		return s, nil
 	}
+	open := r.NewSink
+	if open == nil {
+		open = newSink
+	}
+	s, err := open(cfg, stream)
+	if err != nil {
+		return nil, err
+	}
+	if r.sinks == nil {
+		r.sinks = map[sinkKey]sink.Sink{}
+	}
+	r.sinks[key] = s
+	return s, nil
+}
+
+// newSource builds a source with the adapters this package knows.
+func newSource(cfg config.Source) (source.Source, error) {
+	switch cfg.Kind {
+	case "tabletd":
+		c, err := tabletd.Dial(cfg.Address, cfg.Keyspace)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+	return nil, fmt.Errorf("source.kind: %w %q", errUnknownKind, cfg.Kind)
+}
+
+// newSink builds a sink with the adapters this package knows.
+func newSink(cfg config.Sink, stream string) (sink.Sink, error) {
 	switch cfg.Kind {
 	case "jsonl":
 		s, err := jsonl.New(cfg.Path, stream)
 		if err != nil {
 			return nil, err
 		}
-		r.sinks[key] = s
 		return s, nil
 	}
-	return nil, fmt.Errorf("sink.kind: unknown kind %q", cfg.Kind)
+	return nil, fmt.Errorf("sink.kind: %w %q", errUnknownKind, cfg.Kind)
 }
 
 // Close closes every source and sink.

@@ -112,9 +112,16 @@ const commitTimeout = 30 * time.Second
 // source → heartbeat. It returns after in.RunFor, on cancellation or when
 // the worker stops, always at a batch boundary after a commit. On a retry
 // it resumes from the later of the heartbeat, the sink's stored checkpoint
-// and in.Checkpoint. Errors are classified by the source: retry-same ones
-// are plain (the activity's RetryPolicy retries them); the others are
-// non-retryable ApplicationErrors typed for the workflow.
+// and in.Checkpoint; a sink that is behind a checkpoint committed to it
+// (lost data) is SinkFailed, except a sink that holds nothing yet for a
+// tablet still at in.Start. Heartbeats carry the latest committed progress
+// and are recorded after every batch and, while the heartbeat timeout is
+// set, at least every third of it, through slow polls, commits and
+// start-up checks. Source errors are classified by the source: retry-same
+// ones are plain (the activity's RetryPolicy retries them and counts them
+// against the replica); the others are non-retryable ApplicationErrors
+// typed for the workflow. Sink errors are never the replica's: they are
+// Fenced, SinkUnavailable or SinkFailed (classifySink).
 func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetChangesResult, error) {
 	info := activity.GetInfo(ctx)
 	log := a.logger().With(zap.String("stream", in.Stream), zap.String("tablet", in.Tablet),
@@ -130,10 +137,16 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	if lastSuccess.IsZero() {
 		lastSuccess = a.now()
 	}
+	progress := func(lastError string) Heartbeat {
+		return Heartbeat{Checkpoint: res.Checkpoint, Records: res.Records, Batches: res.Batches,
+			LastError: lastError, LastSuccess: lastSuccess}
+	}
+	// Until this attempt commits, its heartbeat says why the last one failed.
+	beat := startHeartbeats(func(d Heartbeat) { activity.RecordHeartbeat(ctx, d) }, progress(hb.LastError), info.HeartbeatTimeout/3)
+	defer beat.stop()
 	fail := func(err error) (GetChangesResult, error) {
 		// Recorded so the next attempt can report why this one failed.
-		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: res.Records,
-			Batches: res.Batches, LastError: err.Error(), LastSuccess: lastSuccess})
+		beat.set(progress(err.Error()))
 		return res, err
 	}
 	headroom := func() time.Duration {
@@ -156,15 +169,31 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		}
 	}
 	snk, err := a.Resources.Sink(in.Sink, in.Stream)
-	if err != nil {
+	if errors.Is(err, errUnknownKind) {
 		return res, fatalf("%v", err)
+	}
+	if err != nil {
+		return res, sinkError(fmt.Errorf("sink of stream %s: %w", in.Stream, err), in.Replica.Alias, res.Checkpoint)
 	}
 	w, err := snk.Open(ctx, in.Tablet)
 	if err != nil {
-		return fail(fmt.Errorf("open sink for tablet %s: %w", in.Tablet, err)) // ErrLocked: retry
+		if ctx.Err() != nil { // cancelled before anything was read
+			res.Stopped = "cancelled"
+			return res, nil
+		}
+		return res, sinkError(fmt.Errorf("open sink for tablet %s: %w", in.Tablet, err), in.Replica.Alias, res.Checkpoint)
 	}
 	defer w.Close()
+	// Everything committed before (the workflow's checkpoint, an earlier
+	// attempt's) must still be in the sink. Only a tablet that has read
+	// nothing yet may find it empty: a new one, or a split's child still at
+	// its hand-off.
+	if stored := w.Checkpoint(); stored.Compare(res.Checkpoint) < 0 && !(stored.IsZero() && res.Checkpoint == in.Start) {
+		log.Error("sink is behind the checkpoint committed to it", zap.Stringer("sink", stored), zap.Stringer("checkpoint", res.Checkpoint))
+		return res, sinkBehind(stored, res.Checkpoint, in.Replica.Alias)
+	}
 	res.Checkpoint = source.Max(res.Checkpoint, w.Checkpoint())
+	beat.update(progress(hb.LastError))
 	rd, err := src.OpenReplica(ctx, in.Replica)
 	if err != nil {
 		return fail(err)
@@ -217,10 +246,9 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			return res, typed(c, err, in.Replica.Alias, res.Checkpoint)
 		}
 		if err := a.commit(ctx, w, rd, in, batch); err != nil {
-			if errors.Is(err, sink.ErrFenced) {
-				return res, nonRetryable(ErrFenced, err, ErrorDetails{Reason: "FENCED", Replica: in.Replica.Alias, Checkpoint: res.Checkpoint})
-			}
-			return fail(err)
+			c := classifySink(err)
+			log.Warn("sink failed", zap.Error(err), zap.String("type", c.Type), zap.String("reason", c.Reason))
+			return res, sinkError(err, in.Replica.Alias, res.Checkpoint)
 		}
 		if batch.Checkpoint.Compare(res.Checkpoint) > 0 {
 			res.Checkpoint = batch.Checkpoint
@@ -234,8 +262,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		}
 		lastSuccess = a.now()
 		a.Metrics.Batch(in.Stream, in.Tablet, len(batch.Records), lastSuccess.Sub(began), res.LagSeconds, headroom())
-		activity.RecordHeartbeat(ctx, Heartbeat{Checkpoint: res.Checkpoint, Records: res.Records,
-			Batches: res.Batches, LastSuccess: lastSuccess})
+		beat.set(progress(""))
 		if !recovered {
 			recovered = true
 			a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: in.Replica.Alias})

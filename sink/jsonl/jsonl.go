@@ -7,7 +7,9 @@
 //	                        uncommitted tail left by a crash
 //	<tablet>.manifest.json  {"stream","tablet","checkpoint","offset","updated"}:
 //	                        the committed checkpoint and the byte length of
-//	                        the committed data; replaced atomically
+//	                        the committed data; written at the tablet's
+//	                        first Open, before any data, then replaced
+//	                        atomically at each commit
 //	<tablet>.lock           flock(2)-ed by the one open writer; never removed
 //
 // A line is
@@ -52,21 +54,33 @@ import (
 	"github.com/tabletflow/tabletflow/source"
 )
 
-// Errors of this adapter, besides the sink package's.
+// Errors of this adapter, besides the sink package's. Each is a case of
+// the sink package's error of the same name (errors.Is matches both), so
+// callers classify them without knowing this package.
 var (
-	// ErrCorrupt: a tablet's files contradict each other (the data file is
-	// shorter than its manifest says, a committed line does not parse) or
-	// belong to another stream.
-	ErrCorrupt = errors.New("jsonl: corrupt tablet files")
+	// ErrCorrupt: a tablet's files contradict each other (data without a
+	// manifest, a data file shorter than its manifest says, a committed
+	// line that does not parse) or belong to another stream.
+	ErrCorrupt error = &caseError{"jsonl: corrupt tablet files", sink.ErrCorrupt}
 	// ErrBadTablet: a tablet ID that cannot name a file.
-	ErrBadTablet = errors.New("jsonl: bad tablet id")
+	ErrBadTablet error = &caseError{"jsonl: bad tablet id", sink.ErrBadTablet}
 	// ErrBadRecord: a record that cannot be written as a line (unknown op,
 	// invalid JSON, another tablet's record).
-	ErrBadRecord = errors.New("jsonl: bad record")
+	ErrBadRecord error = &caseError{"jsonl: bad record", sink.ErrBadRecord}
 	// ErrBadCommit: Commit with a checkpoint before the writer's
 	// checkpoint or before its last staged record.
-	ErrBadCommit = errors.New("jsonl: commit checkpoint goes backwards")
+	ErrBadCommit error = &caseError{"jsonl: commit checkpoint goes backwards", sink.ErrBadCommit}
 )
+
+// caseError is a sentinel of this adapter that is a case of a sink package
+// sentinel: it keeps its own message and unwraps to the general one.
+type caseError struct {
+	msg  string
+	kind error
+}
+
+func (e *caseError) Error() string { return e.msg }
+func (e *caseError) Unwrap() error { return e.kind }
 
 // Sink writes one stream's tablets under one directory. It is safe for
 // concurrent use by different tablets.
@@ -92,11 +106,16 @@ func New(dir, stream string) (*Sink, error) {
 	return &Sink{dir: dir, stream: stream, writers: map[string]*Writer{}}, nil
 }
 
-// Open locks the tablet, reads its manifest (none: zero checkpoint, no
-// data), truncates the data file to the committed offset, dropping a tail
-// an earlier writer left uncommitted, and returns a writer fenced to the
-// manifest's checkpoint. It returns sink.ErrLocked when another writer, in
-// this process or another, holds the tablet, and sink.ErrClosed after Close.
+// Open locks the tablet, reads its manifest, truncates the data file to
+// the committed offset, dropping a tail an earlier writer left
+// uncommitted, and returns a writer fenced to the manifest's checkpoint.
+// A tablet without a manifest is new: Open writes its manifest (zero
+// checkpoint, offset 0) before returning, durably, so that from then on a
+// missing manifest means lost state. A data file that holds bytes but has
+// no manifest is ErrCorrupt, naming both files, and is left as it is:
+// nothing says which of its bytes are committed, and dropping them could
+// lose data. It returns sink.ErrLocked when another writer, in this
+// process or another, holds the tablet, and sink.ErrClosed after Close.
 func (s *Sink) Open(ctx context.Context, tablet string) (sink.TabletWriter, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -199,24 +218,37 @@ type Writer struct {
 
 var _ sink.TabletWriter = (*Writer)(nil)
 
-// load reads the manifest and opens the data file truncated to its offset.
+// load reads the manifest (writing a new tablet's first) and opens the
+// data file truncated to its offset.
 func (w *Writer) load() error {
-	m, err := readManifest(w.s.dir, w.tablet)
-	if err != nil {
+	dir, tablet := w.s.dir, w.tablet
+	m, err := readManifest(dir, tablet)
+	fresh := errors.Is(err, errNoManifest)
+	if err != nil && !fresh {
 		return err
 	}
-	if (m.Stream != "" && m.Stream != w.s.stream) || (m.Tablet != "" && m.Tablet != w.tablet) {
+	if !fresh && ((m.Stream != "" && m.Stream != w.s.stream) || (m.Tablet != "" && m.Tablet != tablet)) {
 		return fmt.Errorf("%w: manifest is for stream %q tablet %q", ErrCorrupt, m.Stream, m.Tablet)
 	}
-	f, err := os.OpenFile(dataPath(w.s.dir, w.tablet), os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(dataPath(dir, tablet), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return fmt.Errorf("open data: %w", err)
 	}
 	fi, err := f.Stat()
-	if err == nil && fi.Size() < m.Offset {
+	switch {
+	case err != nil:
+	case fresh && fi.Size() > 0:
+		err = fmt.Errorf("%w: data file %s holds %d bytes but its manifest %s is missing",
+			ErrCorrupt, dataPath(dir, tablet), fi.Size(), manifestPath(dir, tablet))
+	case fresh:
+		// A new tablet (or one whose first Open crashed before this point,
+		// leaving an empty data file). The data file was created first so
+		// that the manifest's directory fsync makes both durable.
+		m = manifest{Stream: w.s.stream, Tablet: tablet, Updated: time.Now().UTC()}
+		err = writeManifest(dir, tablet, m)
+	case fi.Size() < m.Offset:
 		err = fmt.Errorf("%w: data file has %d bytes, manifest says %d are committed", ErrCorrupt, fi.Size(), m.Offset)
-	}
-	if err == nil && fi.Size() > m.Offset {
+	case fi.Size() > m.Offset:
 		err = f.Truncate(m.Offset) // the uncommitted tail
 	}
 	if err != nil {
@@ -305,7 +337,11 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		}
 	}
 	// Compare-and-set: the manifest is still the one this writer knows.
+	// Open wrote one, so a missing manifest is lost state, not a new tablet.
 	m, err := readManifest(w.s.dir, w.tablet)
+	if errors.Is(err, errNoManifest) {
+		err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
 	if err != nil {
 		return w.fail(w.undo(fmt.Errorf("commit tablet %s: %w", w.tablet, err)))
 	}

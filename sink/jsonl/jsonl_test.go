@@ -34,6 +34,9 @@ func TestContract(t *testing.T) {
 				m.Stream, m.Tablet, m.Checkpoint = stream, tablet, cp
 				require.NoError(t, writeManifest(dir, tablet, m))
 			},
+			Corrupt: func(t *testing.T, tablet string) {
+				require.NoError(t, os.Remove(manifestPath(dir, tablet)))
+			},
 			Crash: func(t *testing.T, s sink.Sink) { s.(*Sink).crash() },
 		}
 	})
@@ -134,7 +137,9 @@ func TestWriteRejectsBadRecordsAndStagesNothingOfTheCall(t *testing.T) {
 			require.NoError(t, w.Write(ctx, good[:2]))
 			bad := slices.Clone(good[2:])
 			tt.mutate(&bad[1])
-			require.ErrorIs(t, w.Write(ctx, bad), ErrBadRecord)
+			err = w.Write(ctx, bad)
+			require.ErrorIs(t, err, ErrBadRecord)
+			require.ErrorIs(t, err, sink.ErrBadRecord, "a case of the sink package's error")
 			require.NoError(t, w.Commit(ctx, good[1].Position))
 			require.NoError(t, w.Close())
 			require.Equal(t, sinktest.Records("t-0001", 1, 2), readRecords(t, dir)["t-0001"])
@@ -147,6 +152,7 @@ func TestOpenRejectsBadTabletIDs(t *testing.T) {
 	for _, id := range []string{"", ".", "..", "a/b", "../x", `a\b`, "a\x00b"} {
 		_, err := s.Open(ctx, id)
 		require.ErrorIs(t, err, ErrBadTablet, "tablet %q", id)
+		require.ErrorIs(t, err, sink.ErrBadTablet, "tablet %q", id)
 	}
 }
 
@@ -183,8 +189,85 @@ func TestOpenRejectsDataShorterThanManifest(t *testing.T) {
 
 	_, err := newSink(t, dir).Open(ctx, "t-0001")
 	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorIs(t, err, sink.ErrCorrupt)
 	_, err = ReadDir(dir)
 	require.ErrorIs(t, err, ErrCorrupt)
+}
+
+func TestOpenWritesTheManifestBeforeAnyCommit(t *testing.T) {
+	dir := t.TempDir()
+	w, err := newSink(t, dir).Open(ctx, "t-0001")
+	require.NoError(t, err)
+	defer w.Close()
+
+	m, err := readManifest(dir, "t-0001")
+	require.NoError(t, err, "the manifest exists as soon as Open returns")
+	require.Equal(t, manifest{Stream: stream, Tablet: "t-0001", Updated: m.Updated}, m, "zero checkpoint, nothing committed")
+	require.False(t, m.Updated.IsZero())
+	_, err = os.Stat(manifestPath(dir, "t-0001") + tempExt)
+	require.ErrorIs(t, err, os.ErrNotExist, "written through a temp file that is renamed away")
+	lines, err := ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, lines)
+}
+
+// TestOpenRejectsDataWithoutManifest: data whose manifest is gone is not a
+// new tablet. Open fails loudly, naming the files, and leaves the data as
+// it was (it used to truncate it to nothing).
+func TestOpenRejectsDataWithoutManifest(t *testing.T) {
+	dir := t.TempDir()
+	commit(t, dir, "t-0001", sinktest.Records("t-0001", 1, 5))
+	data := filepath.Join(dir, "t-0001.jsonl")
+	before, err := os.ReadFile(data)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(filepath.Join(dir, "t-0001.manifest.json")))
+
+	_, err = newSink(t, dir).Open(ctx, "t-0001")
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorIs(t, err, sink.ErrCorrupt)
+	require.ErrorContains(t, err, data)
+	require.ErrorContains(t, err, filepath.Join(dir, "t-0001.manifest.json"))
+	after, err := os.ReadFile(data)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "the data is left as it was")
+	_, err = os.Stat(filepath.Join(dir, "t-0001.manifest.json"))
+	require.ErrorIs(t, err, os.ErrNotExist, "no manifest is made up for it")
+
+	_, err = ReadDir(dir)
+	require.ErrorIs(t, err, ErrCorrupt, "readers do not skip it silently either")
+}
+
+// TestOpenStartsATabletWhoseFirstOpenCrashed: Open creates the data file,
+// then writes the manifest; a crash in between leaves an empty data file
+// without a manifest, which holds nothing and opens as a new tablet.
+func TestOpenStartsATabletWhoseFirstOpenCrashed(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "t-0001.jsonl"), nil, 0o644))
+	lines, err := ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, lines)
+
+	recs := sinktest.Records("t-0001", 1, 3)
+	commit(t, dir, "t-0001", recs)
+	require.Equal(t, recs, readRecords(t, dir)["t-0001"])
+}
+
+// TestCommitFailsWhenTheManifestIsRemovedBehindTheWriter: the manifest
+// Open wrote is gone at commit time; the commit fails as corruption and
+// leaves no bytes behind, rather than starting the tablet over.
+func TestCommitFailsWhenTheManifestIsRemovedBehindTheWriter(t *testing.T) {
+	dir := t.TempDir()
+	w, err := newSink(t, dir).Open(ctx, "t-0001")
+	require.NoError(t, err)
+	defer w.Close()
+	require.NoError(t, os.Remove(manifestPath(dir, "t-0001")))
+
+	recs := sinktest.Records("t-0001", 1, 3)
+	require.NoError(t, w.Write(ctx, recs))
+	require.ErrorIs(t, w.Commit(ctx, recs[2].Position), sink.ErrCorrupt)
+	info, err := os.Stat(dataPath(dir, "t-0001"))
+	require.NoError(t, err)
+	require.Zero(t, info.Size(), "the failed commit's lines are truncated away")
 }
 
 func TestOpenRejectsAnotherStreamsManifest(t *testing.T) {
@@ -195,6 +278,7 @@ func TestOpenRejectsAnotherStreamsManifest(t *testing.T) {
 	defer s.Close()
 	_, err = s.Open(ctx, "t-0001")
 	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorIs(t, err, sink.ErrCorrupt)
 }
 
 func TestCommitLeavesOnlyDataManifestAndLockFiles(t *testing.T) {

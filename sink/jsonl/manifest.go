@@ -28,8 +28,10 @@ func lockPath(dir, tablet string) string     { return filepath.Join(dir, tablet+
 // manifest is a tablet's commit record, <tablet>.manifest.json. It is the
 // only source of truth for what is committed: the first Offset bytes of the
 // data file, and Checkpoint. Bytes past Offset are an uncommitted tail that
-// the next Open truncates and readers ignore. A missing manifest is the zero
-// manifest: nothing committed.
+// the next Open truncates and readers ignore. The first Open of a tablet
+// writes its manifest before any data, so a data file with bytes but no
+// manifest is corrupt; an empty one (a first Open that crashed) holds
+// nothing.
 type manifest struct {
 	Stream     string            `json:"stream"`
 	Tablet     string            `json:"tablet"`
@@ -38,12 +40,16 @@ type manifest struct {
 	Updated    time.Time         `json:"updated"`
 }
 
-// readManifest reads the tablet's manifest. A missing file is the zero
-// manifest and no error.
+// errNoManifest: the tablet has no manifest file. What that means is the
+// caller's to say: a new tablet at Open, corruption anywhere else.
+var errNoManifest = errors.New("no manifest")
+
+// readManifest reads the tablet's manifest; errNoManifest (naming the
+// file) if there is none.
 func readManifest(dir, tablet string) (manifest, error) {
 	b, err := os.ReadFile(manifestPath(dir, tablet))
 	if errors.Is(err, fs.ErrNotExist) {
-		return manifest{}, nil
+		return manifest{}, fmt.Errorf("%w: %s", errNoManifest, manifestPath(dir, tablet))
 	}
 	if err != nil {
 		return manifest{}, fmt.Errorf("read manifest: %w", err)

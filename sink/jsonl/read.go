@@ -18,8 +18,9 @@ import (
 // ReadDir parses the committed lines of every <tablet>.jsonl file in dir,
 // keyed by tablet, in file order. Only the first manifest offset bytes of a
 // file are committed: an uncommitted tail (a writer mid-commit, or a crash)
-// is ignored, and a data file without a manifest holds nothing committed.
-// So ReadDir is safe to run while a writer is appending.
+// is ignored. An empty data file without a manifest (a tablet being opened)
+// holds nothing; one with bytes is ErrCorrupt, as Open says. So ReadDir is
+// safe to run while a writer is appending.
 func ReadDir(dir string) (map[string][]Line, error) {
 	out := map[string][]Line{}
 	err := scanDir(dir, func(tablet string, l Line) error {
@@ -106,7 +107,8 @@ func scanDir(dir string, fn func(tablet string, l Line) error) error {
 
 func scanFile(dir, tablet string, fn func(tablet string, l Line) error) error {
 	m, err := readManifest(dir, tablet)
-	if err != nil {
+	noManifest := errors.Is(err, errNoManifest)
+	if err != nil && !noManifest {
 		return err
 	}
 	f, err := os.Open(dataPath(dir, tablet))
@@ -114,6 +116,19 @@ func scanFile(dir, tablet string, fn func(tablet string, l Line) error) error {
 		return fmt.Errorf("open data: %w", err)
 	}
 	defer f.Close()
+	if noManifest {
+		// Open writes the manifest before any data: an empty file is a
+		// tablet being opened, anything more is corrupt.
+		fi, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("stat data: %w", err)
+		}
+		if fi.Size() > 0 {
+			return fmt.Errorf("%w: data file %s holds %d bytes but its manifest %s is missing",
+				ErrCorrupt, dataPath(dir, tablet), fi.Size(), manifestPath(dir, tablet))
+		}
+		return nil
+	}
 	r := bufio.NewReaderSize(io.LimitReader(f, m.Offset), 1<<16)
 	var read int64
 	for n := 1; ; n++ {

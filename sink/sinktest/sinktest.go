@@ -4,7 +4,7 @@
 //	func TestContract(t *testing.T) {
 //		sinktest.Run(t, func(t *testing.T) sinktest.Harness {
 //			dir := t.TempDir()
-//			return sinktest.Harness{Open: …New(dir)…, Read: …, Tamper: …, Crash: …}
+//			return sinktest.Harness{Open: …New(dir)…, Read: …, Tamper: …, Corrupt: …, Crash: …}
 //		})
 //	}
 //
@@ -42,6 +42,11 @@ type Harness struct {
 	// back, keeping its data, as another writer's commit would. Nil skips
 	// the direct fencing case.
 	Tamper func(t *testing.T, tablet string, cp source.Checkpoint)
+	// Corrupt damages the tablet's stored data so that it no longer has a
+	// valid record of what is committed (for the JSONL sink: it removes
+	// the manifest and keeps the data), as a lost or deleted file would.
+	// Nil skips the corruption case.
+	Corrupt func(t *testing.T, tablet string)
 	// Crash makes s behave as if its process died at the worst moment:
 	// what s's writers staged may be partly on disk but is not committed,
 	// nothing more is stored through s, and what s held (locks,
@@ -73,7 +78,10 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"SecondWriterIsLockedOrFenced", testSecondWriter},
 		{"CommitIsFencedWhenCheckpointChangedBehindWriter", testTamperFences},
 		{"TabletsAreIndependent", testTabletsIndependent},
-		{"CommitBeforeCheckpointFails", testCommitBackwards},
+		{"CommitBeforeCheckpointFailsWithErrBadCommit", testCommitBackwards},
+		{"WriteRejectsAnotherTabletsRecordWithErrBadRecord", testWriteOtherTablet},
+		{"OpenedTabletIsStoredBeforeItsFirstCommit", testOpenStores},
+		{"CorruptTabletFailsOpenWithErrCorrupt", testCorruptFailsOpen},
 		{"EmptyCommitAdvancesCheckpoint", testEmptyCommit},
 		{"ClosedSinkStopsWriters", testClosedSink},
 	} {
@@ -366,12 +374,12 @@ func testCommitBackwards(t *testing.T, e *env) {
 	recs := Records(tabletA, 1, 10)
 	e.commit(w, recs[:5])
 
-	require.Error(t, w.Commit(ctx, cp(4)), "a checkpoint before Checkpoint()")
+	require.ErrorIs(t, w.Commit(ctx, cp(4)), sink.ErrBadCommit, "a checkpoint before Checkpoint()")
 	require.Equal(t, cp(5), w.Checkpoint())
 	// A checkpoint before the last staged record would let those records
 	// be read again after a restart and stored twice.
 	require.NoError(t, w.Write(ctx, recs[5:]))
-	require.Error(t, w.Commit(ctx, cp(7)), "a checkpoint before the last staged record")
+	require.ErrorIs(t, w.Commit(ctx, cp(7)), sink.ErrBadCommit, "a checkpoint before the last staged record")
 
 	// Neither failure broke the writer or lost the staged batch.
 	require.NoError(t, w.Commit(ctx, cp(10)))
@@ -412,4 +420,58 @@ func testClosedSink(t *testing.T, e *env) {
 
 	e.requireCheckpoint(tabletA, cp(3))
 	e.requireStored(tabletA, recs[:3])
+}
+
+// testWriteOtherTablet writes a batch holding another tablet's record: the
+// call fails with ErrBadRecord and stages nothing, and what was staged
+// before it still commits.
+func testWriteOtherTablet(t *testing.T, e *env) {
+	s := e.open()
+	w := e.openTablet(s, tabletA)
+	recs := Records(tabletA, 1, 6)
+	require.NoError(t, w.Write(ctx, recs[:3]))
+	bad := append(append([]source.Record{}, recs[3:5]...), Records(tabletB, 6, 6)...)
+	require.ErrorIs(t, w.Write(ctx, bad), sink.ErrBadRecord)
+	require.NoError(t, w.Commit(ctx, cp(3)))
+	require.NoError(t, w.Close())
+
+	e.requireStored(tabletA, recs[:3])
+	e.requireCheckpoint(tabletA, cp(3))
+}
+
+// testOpenStores opens a new tablet and closes it without a commit: the
+// tablet is stored, empty, at the zero checkpoint, and opens again as such.
+// (The adapter stores it at Open, so that later its data without a commit
+// record is corruption, not a new tablet; see CorruptTabletFailsOpen.)
+func testOpenStores(t *testing.T, e *env) {
+	s := e.open()
+	w := e.openTablet(s, tabletA)
+	require.True(t, w.Checkpoint().IsZero())
+	require.NoError(t, w.Close())
+	require.NoError(t, s.Close())
+
+	e.requireCheckpoint(tabletA, source.Checkpoint{})
+	e.requireStored(tabletA, nil)
+}
+
+// testCorruptFailsOpen damages a tablet that holds committed records:
+// Open fails with ErrCorrupt instead of treating the tablet as new (which
+// would drop its records or store them twice), and keeps failing: the
+// first failure repaired nothing.
+func testCorruptFailsOpen(t *testing.T, e *env) {
+	if e.h.Corrupt == nil {
+		t.Skip("the adapter has no Corrupt hook")
+	}
+	s := e.open()
+	w := e.openTablet(s, tabletA)
+	e.commit(w, Records(tabletA, 1, 5))
+	require.NoError(t, w.Close())
+
+	e.h.Corrupt(t, tabletA)
+	for range 2 {
+		_, err := s.Open(ctx, tabletA)
+		require.ErrorIs(t, err, sink.ErrCorrupt)
+	}
+	// Other tablets are not affected.
+	e.commit(e.openTablet(s, tabletB), Records(tabletB, 1, 2))
 }

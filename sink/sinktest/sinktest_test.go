@@ -2,7 +2,6 @@ package sinktest_test
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -35,6 +34,11 @@ func TestSuiteOnLockFreeSink(t *testing.T) {
 				defer st.mu.Unlock()
 				st.tablet(tablet).cp = cp
 			},
+			Corrupt: func(t *testing.T, tablet string) {
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				st.tablet(tablet).corrupt = true
+			},
 		}
 	})
 }
@@ -46,8 +50,9 @@ type memStore struct {
 }
 
 type memTablet struct {
-	cp   source.Checkpoint
-	recs []source.Record
+	cp      source.Checkpoint
+	recs    []source.Record
+	corrupt bool
 }
 
 func (st *memStore) tablet(id string) *memTablet {
@@ -75,8 +80,11 @@ func (s *memSink) Open(_ context.Context, tablet string) (sink.TabletWriter, err
 	}
 	s.st.mu.Lock()
 	defer s.st.mu.Unlock()
-	cp := s.st.tablet(tablet).cp
-	return &memWriter{s: s, tablet: tablet, cp: cp, last: cp}, nil
+	tb := s.st.tablet(tablet)
+	if tb.corrupt {
+		return nil, sink.ErrCorrupt
+	}
+	return &memWriter{s: s, tablet: tablet, cp: tb.cp, last: tb.cp}, nil
 }
 
 func (s *memSink) Close() error {
@@ -107,11 +115,17 @@ func (w *memWriter) Write(_ context.Context, recs []source.Record) error {
 	if err := w.check(); err != nil {
 		return err
 	}
+	staged, last := len(w.staged), w.last
 	for _, r := range recs {
-		if r.Position.Compare(w.last) > 0 {
-			w.staged = append(w.staged, r)
-			w.last = r.Position
+		if r.Position.Compare(w.last) <= 0 {
+			continue
 		}
+		if r.Tablet != w.tablet {
+			w.staged, w.last = w.staged[:staged], last
+			return sink.ErrBadRecord
+		}
+		w.staged = append(w.staged, r)
+		w.last = r.Position
 	}
 	return nil
 }
@@ -121,7 +135,7 @@ func (w *memWriter) Commit(_ context.Context, cp source.Checkpoint) error {
 		return err
 	}
 	if cp.Compare(w.last) < 0 {
-		return errors.New("checkpoint goes backwards")
+		return sink.ErrBadCommit
 	}
 	w.s.st.mu.Lock()
 	defer w.s.st.mu.Unlock()

@@ -1,0 +1,443 @@
+package activities
+
+import (
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/converter"
+	"go.temporal.io/sdk/interceptor"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/sink"
+	"github.com/tabletflow/tabletflow/sink/jsonl"
+	"github.com/tabletflow/tabletflow/sink/sinktest"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// activityEnv returns an activity test environment for r's GetChanges,
+// with the heartbeat spy. bg, if not nil, is the activity's parent
+// context (cancel it to cancel the activity). The environment sets no
+// heartbeat timeout, so GetChanges records heartbeats only per batch.
+func (r *rig) activityEnv(bg context.Context) *testsuite.TestActivityEnvironment {
+	var s testsuite.WorkflowTestSuite
+	s.SetLogger(connect.Quiet{})
+	env := s.NewTestActivityEnvironment()
+	opts := worker.Options{Interceptors: []interceptor.WorkerInterceptor{r.spy}}
+	if bg != nil {
+		opts.BackgroundActivityContext = bg
+	}
+	env.SetWorkerOptions(opts)
+	env.RegisterActivity(r.a)
+	return env
+}
+
+// run executes GetChanges in env.
+func (r *rig) run(env *testsuite.TestActivityEnvironment, in GetChangesInput) (GetChangesResult, error) {
+	val, err := env.ExecuteActivity(r.a.GetChanges, in)
+	if err != nil {
+		return GetChangesResult{}, err
+	}
+	var res GetChangesResult
+	require.NoError(r.t, val.Get(&res))
+	return res, nil
+}
+
+// requireTyped checks that err is the non-retryable ApplicationError typ
+// and returns its details.
+func requireTyped(t *testing.T, err error, typ string) ErrorDetails {
+	t.Helper()
+	var appErr *temporal.ApplicationError
+	require.ErrorAs(t, err, &appErr)
+	require.Equal(t, typ, appErr.Type(), "error: %v", err)
+	require.True(t, appErr.NonRetryable(), "a %s error is not retried by the RetryPolicy, which would count it against the replica", typ)
+	var d ErrorDetails
+	require.NoError(t, appErr.Details(&d))
+	return d
+}
+
+func TestGetChangesCommitsThenAcksThenHeartbeatsEachBatch(t *testing.T) {
+	r := newRig(t)
+	r.script(batch(1, 3), batch(4, 6))
+	res, err := r.run(r.activityEnv(nil), input())
+	require.NoError(t, err)
+
+	require.Equal(t, []string{
+		"open t-0001",
+		"commit 1.3", "ack 1.3", "heartbeat 1.3",
+		"commit 1.6", "ack 1.6", "heartbeat 1.6",
+	}, r.log.list(), "sink durable → checkpoint acknowledged → heartbeat, batch after batch")
+	require.Equal(t, GetChangesResult{Checkpoint: cp(6), Records: 6, Batches: 2, CaughtUp: true, Stopped: StoppedRunEnded}, res)
+	require.Len(t, r.mem.records(testTablet), 6)
+}
+
+func TestGetChangesResumesFromTheLatestOfHeartbeatSinkAndInput(t *testing.T) {
+	tests := []struct {
+		name       string
+		start      source.Checkpoint // in.Start
+		checkpoint source.Checkpoint // in.Checkpoint, the workflow's
+		heartbeat  *Heartbeat        // an earlier attempt's details
+		stored     source.Checkpoint // the sink's
+		wantFrom   source.Checkpoint
+		wantCounts [2]int64 // records, batches: the earlier attempts' plus this one's (2 records, 1 batch)
+	}{
+		// A split's child starts from its hand-off: the input is the
+		// latest, the sink holds nothing yet.
+		{name: "input: split child at its hand-off", start: cp(40), checkpoint: cp(40),
+			wantFrom: cp(40), wantCounts: [2]int64{2, 1}},
+		// The workflow's checkpoint lags the sink (its last run's result was
+		// lost): the sink's is the latest.
+		{name: "sink: ahead of the input", checkpoint: cp(4), stored: cp(9),
+			wantFrom: cp(9), wantCounts: [2]int64{2, 1}},
+		// An earlier attempt of this run committed past the input and
+		// heartbeat it: resume there, counting what it committed.
+		{name: "heartbeat: ahead of the input", checkpoint: cp(4),
+			heartbeat: &Heartbeat{Checkpoint: cp(8), Records: 4, Batches: 2}, stored: cp(8),
+			wantFrom: cp(8), wantCounts: [2]int64{6, 3}},
+		// An earlier attempt committed once more but died before its
+		// heartbeat: the sink's checkpoint is the latest.
+		{name: "sink: ahead of the heartbeat", checkpoint: cp(4),
+			heartbeat: &Heartbeat{Checkpoint: cp(8), Records: 4, Batches: 2}, stored: cp(12),
+			wantFrom: cp(12), wantCounts: [2]int64{6, 3}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			if !tt.stored.IsZero() {
+				r.mem.set(testTablet, tt.stored)
+			}
+			r.script(batch(tt.wantFrom.Index+1, tt.wantFrom.Index+2))
+			env := r.activityEnv(nil)
+			if tt.heartbeat != nil {
+				env.SetHeartbeatDetails(*tt.heartbeat)
+			}
+			in := input()
+			in.Start, in.Checkpoint = tt.start, tt.checkpoint
+			res, err := r.run(env, in)
+			require.NoError(t, err)
+
+			reqs := r.src.requests()
+			require.Len(t, reqs, 1)
+			require.Equal(t, tt.wantFrom, reqs[0].From, "the first poll's position")
+			require.Equal(t, cp(tt.wantFrom.Index+2), res.Checkpoint)
+			require.Equal(t, cp(tt.wantFrom.Index+2), r.mem.checkpoint(testTablet))
+			require.Equal(t, tt.wantCounts, [2]int64{res.Records, res.Batches})
+		})
+	}
+}
+
+func TestGetChangesReturnsFencedWhenTheCommitIsFenced(t *testing.T) {
+	r := newRig(t)
+	r.script(batch(1, 3), batch(4, 6))
+	r.mem.onCommit = func(n int, _ source.Checkpoint) error {
+		if n == 1 { // another writer commits behind this one's back
+			r.mem.set(testTablet, cp(5))
+		}
+		return nil
+	}
+	_, err := r.run(r.activityEnv(nil), input())
+
+	d := requireTyped(t, err, ErrFenced)
+	require.ErrorContains(t, err, sink.ErrFenced.Error())
+	require.Equal(t, ErrorDetails{Reason: "FENCED", Replica: testAlias, Checkpoint: cp(3)}, d,
+		"the checkpoint is this writer's last commit")
+	require.Equal(t, []string{"open t-0001", "commit 1.3", "ack 1.3", "heartbeat 1.3"}, r.log.list(),
+		"nothing of the fenced batch is acked or heartbeat")
+}
+
+func TestGetChangesReturnsAtABatchBoundaryAfterTheCommitWhenCancelled(t *testing.T) {
+	r := newRig(t)
+	bg, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r.src.poll = func(ctx context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+		switch n {
+		case 0:
+			return batch(1, 3), nil
+		case 1: // the cancellation arrives while this batch is on its way
+			cancel()
+			<-ctx.Done()
+			return batch(4, 6), nil
+		}
+		t.Errorf("poll %d after the cancellation", n)
+		return source.Batch{}, ctx.Err()
+	}
+	res, err := r.run(r.activityEnv(bg), input())
+	require.NoError(t, err)
+
+	require.Equal(t, "cancelled", res.Stopped)
+	require.Equal(t, cp(6), res.Checkpoint, "the batch read before the cancellation is committed, on a context it does not cut")
+	require.Equal(t, int64(2), res.Batches)
+	require.Equal(t, cp(6), r.mem.checkpoint(testTablet))
+	require.Equal(t, []string{"open t-0001", "commit 1.3", "ack 1.3", "heartbeat 1.3", "commit 1.6", "ack 1.6", "heartbeat 1.6"}, r.log.list())
+}
+
+// TestGetChangesReturnsSinkUnavailableWhenTheSinkCannotTakeWritesNow: a
+// held lock (on the real JSONL sink) or an I/O error is the sink's
+// trouble, not the replica's: a non-retryable SinkUnavailable, never a
+// plain error the RetryPolicy would count against the replica.
+func TestGetChangesReturnsSinkUnavailableWhenTheSinkCannotTakeWritesNow(t *testing.T) {
+	t.Run("lock held", func(t *testing.T) {
+		r := newRig(t)
+		dir := t.TempDir()
+		other, err := jsonl.New(dir, testStream)
+		require.NoError(t, err)
+		defer other.Close()
+		held, err := other.Open(context.Background(), testTablet)
+		require.NoError(t, err)
+		defer held.Close()
+		r.snk, err = jsonl.New(dir, testStream)
+		require.NoError(t, err)
+		defer r.snk.Close()
+
+		in := input()
+		in.Checkpoint = cp(4)
+		_, err = r.run(r.activityEnv(nil), in)
+		d := requireTyped(t, err, ErrSinkUnavailable)
+		require.ErrorContains(t, err, sink.ErrLocked.Error())
+		require.Equal(t, ErrorDetails{Reason: "SINK_LOCKED", Replica: testAlias, Checkpoint: cp(4)}, d)
+		require.Empty(t, r.src.requests(), "nothing was read")
+	})
+	t.Run("disk full at commit", func(t *testing.T) {
+		r := newRig(t)
+		r.script(batch(1, 3), batch(4, 6))
+		r.mem.onCommit = func(n int, _ source.Checkpoint) error {
+			if n == 1 {
+				return &fs.PathError{Op: "write", Path: "t-0001.jsonl", Err: syscall.ENOSPC}
+			}
+			return nil
+		}
+		_, err := r.run(r.activityEnv(nil), input())
+		d := requireTyped(t, err, ErrSinkUnavailable)
+		require.Equal(t, ErrorDetails{Reason: "SINK_IO", Replica: testAlias, Checkpoint: cp(3)}, d)
+	})
+}
+
+// TestGetChangesReturnsSinkFailedWhenTheSinkCannotTakeTheTablet: a
+// corrupt sink, a record it cannot store, or a sink that lost committed
+// data fails the tablet with the reason, whatever replica it reads.
+func TestGetChangesReturnsSinkFailedWhenTheSinkCannotTakeTheTablet(t *testing.T) {
+	tests := []struct {
+		name       string
+		setup      func(t *testing.T, r *rig, in *GetChangesInput, env *testsuite.TestActivityEnvironment)
+		wantReason string
+		wantCP     source.Checkpoint // ErrorDetails.Checkpoint
+		wantMsg    string            // part of the error's message
+		wantPolls  int
+	}{
+		// The JSONL sink holds data whose manifest is gone.
+		{name: "corrupt sink", setup: func(t *testing.T, r *rig, in *GetChangesInput, _ *testsuite.TestActivityEnvironment) {
+			dir := t.TempDir()
+			useJSONL(t, r, dir)
+			w, err := r.snk.Open(context.Background(), testTablet)
+			require.NoError(t, err)
+			require.NoError(t, w.Write(context.Background(), sinktest.Records(testTablet, 1, 3)))
+			require.NoError(t, w.Commit(context.Background(), cp(3)))
+			require.NoError(t, w.Close())
+			require.NoError(t, os.Remove(filepath.Join(dir, testTablet+".manifest.json")))
+			in.Checkpoint = cp(3)
+		}, wantReason: "SINK_CORRUPT", wantCP: cp(3), wantMsg: "t-0001.jsonl holds"},
+		// A record the JSONL sink cannot write (an unknown op), in the
+		// second batch: the first stays committed.
+		{name: "bad record", setup: func(t *testing.T, r *rig, _ *GetChangesInput, _ *testsuite.TestActivityEnvironment) {
+			useJSONL(t, r, t.TempDir())
+			bad := batch(4, 6)
+			bad.Records[1].Op = "upsert"
+			r.script(batch(1, 3), bad)
+		}, wantReason: "SINK_BAD_RECORD", wantCP: cp(3), wantMsg: "upsert", wantPolls: 2},
+		// The sink is behind the workflow's checkpoint: records are gone
+		// from it (restored from an old backup, say).
+		{name: "sink behind the workflow", setup: func(_ *testing.T, r *rig, in *GetChangesInput, _ *testsuite.TestActivityEnvironment) {
+			r.mem.set(testTablet, cp(5))
+			in.Checkpoint = cp(9)
+		}, wantReason: "SINK_BEHIND", wantCP: cp(9), wantMsg: "sink checkpoint 1.5 is behind the workflow's 1.9"},
+		// The sink holds nothing, but the workflow has read past the start.
+		{name: "empty sink, tablet past its start", setup: func(_ *testing.T, _ *rig, in *GetChangesInput, _ *testsuite.TestActivityEnvironment) {
+			in.Checkpoint = cp(9)
+		}, wantReason: "SINK_BEHIND", wantCP: cp(9), wantMsg: "sink checkpoint none is behind the workflow's 1.9"},
+		// A split child whose sink is empty although it read past its
+		// hand-off.
+		{name: "empty sink, split child past its hand-off", setup: func(_ *testing.T, _ *rig, in *GetChangesInput, _ *testsuite.TestActivityEnvironment) {
+			in.Start, in.Checkpoint = cp(40), cp(45)
+		}, wantReason: "SINK_BEHIND", wantCP: cp(45), wantMsg: "behind the workflow's 1.45"},
+		// The sink is behind what an earlier attempt of this run committed
+		// (its heartbeat), though not behind the workflow's checkpoint.
+		{name: "sink behind an earlier attempt", setup: func(_ *testing.T, r *rig, in *GetChangesInput, env *testsuite.TestActivityEnvironment) {
+			r.mem.set(testTablet, cp(5))
+			in.Checkpoint = cp(2)
+			env.SetHeartbeatDetails(Heartbeat{Checkpoint: cp(9), Records: 9, Batches: 3})
+		}, wantReason: "SINK_BEHIND", wantCP: cp(9), wantMsg: "sink checkpoint 1.5 is behind"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			in := input()
+			env := r.activityEnv(nil)
+			tt.setup(t, r, &in, env)
+			_, err := r.run(env, in)
+
+			d := requireTyped(t, err, ErrSinkFailed)
+			require.Equal(t, ErrorDetails{Reason: tt.wantReason, Replica: testAlias, Checkpoint: tt.wantCP}, d)
+			require.ErrorContains(t, err, tt.wantMsg)
+			require.Len(t, r.src.requests(), tt.wantPolls)
+		})
+	}
+}
+
+// useJSONL makes r's activity write to a JSONL sink over dir.
+func useJSONL(t *testing.T, r *rig, dir string) {
+	s, err := jsonl.New(dir, testStream)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	r.snk = s
+}
+
+// TestGetChangesReturnsSourceRetrySameErrorsPlain: a transient source
+// error stays a plain retryable error (the RetryPolicy retries it on the
+// same replica and counts it), with a heartbeat saying why for the next
+// attempt.
+func TestGetChangesReturnsSourceRetrySameErrorsPlain(t *testing.T) {
+	r := newRig(t)
+	r.src.poll = func(_ context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+		if n == 0 {
+			return batch(1, 3), nil
+		}
+		return source.Batch{}, errSourceDown
+	}
+	_, err := r.run(r.activityEnv(nil), input())
+
+	var appErr *temporal.ApplicationError
+	require.ErrorAs(t, err, &appErr)
+	require.False(t, appErr.NonRetryable())
+	require.NotContains(t, NonRetryable, appErr.Type())
+	beats := r.spy.heartbeats()
+	require.Equal(t, Heartbeat{Checkpoint: cp(3), Records: 3, Batches: 1, LastError: errSourceDown.Error(),
+		LastSuccess: r.clock.now()}, beats[len(beats)-1].hb)
+}
+
+// getChangesWorkflow runs GetChanges once with a heartbeat timeout: the
+// activity test environment cannot set one, the workflow one can, and it
+// fails an activity whose heartbeats stop for longer.
+func getChangesWorkflow(ctx workflow.Context, in GetChangesInput, heartbeatTimeout time.Duration) (GetChangesResult, error) {
+	var a *Activities
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: time.Minute,
+		HeartbeatTimeout:    heartbeatTimeout,
+		RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
+	})
+	var res GetChangesResult
+	err := workflow.ExecuteActivity(ctx, a.GetChanges, in).Get(ctx, &res)
+	return res, err
+}
+
+// TestGetChangesHeartbeatsThroughSlowStartupPollsAndCommits: while start-up,
+// a poll or a commit takes twice the heartbeat timeout, heartbeats are
+// recorded at least every third of the timeout, carrying the last
+// committed checkpoint (never the one in flight), and the attempt does not
+// time out.
+func TestGetChangesHeartbeatsThroughSlowStartupPollsAndCommits(t *testing.T) {
+	const (
+		heartbeatTimeout = 1500 * time.Millisecond
+		slow             = 2 * heartbeatTimeout
+		// Scheduling slack on a loaded machine, over the third.
+		slack = 250 * time.Millisecond
+	)
+	// block waits out the slow part, between the times it records.
+	block := func(ctx context.Context, from, to *atomic.Pointer[time.Time]) {
+		began := time.Now()
+		from.Store(&began)
+		select {
+		case <-time.After(slow):
+		case <-ctx.Done():
+		}
+		ended := time.Now()
+		to.Store(&ended)
+	}
+	tests := []struct {
+		name   string
+		rig    func(r *rig, from, to *atomic.Pointer[time.Time])
+		wantCP source.Checkpoint // what heartbeats during the slow part carry
+	}{
+		// Opening the sink (a start-up check) is slow.
+		{name: "startup", rig: func(r *rig, from, to *atomic.Pointer[time.Time]) {
+			r.mem.onOpen = func(ctx context.Context) error { block(ctx, from, to); return nil }
+			r.script(batch(1, 3))
+		}, wantCP: source.Checkpoint{}},
+		// The second poll is slow (a long poll on a quiet tablet, a slow
+		// replica).
+		{name: "poll", rig: func(r *rig, from, to *atomic.Pointer[time.Time]) {
+			r.src.poll = func(ctx context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+				if n == 1 {
+					block(ctx, from, to)
+					r.clock.end()
+					return batch(4, 6), nil
+				}
+				return batch(1, 3), nil
+			}
+		}, wantCP: cp(3)},
+		// The second commit is slow.
+		{name: "commit", rig: func(r *rig, from, to *atomic.Pointer[time.Time]) {
+			r.script(batch(1, 3), batch(4, 6))
+			r.mem.onCommit = func(n int, _ source.Checkpoint) error {
+				if n == 1 {
+					block(context.Background(), from, to)
+				}
+				return nil
+			}
+		}, wantCP: cp(3)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t)
+			var from, to atomic.Pointer[time.Time]
+			tt.rig(r, &from, &to)
+			var s testsuite.WorkflowTestSuite
+			s.SetLogger(connect.Quiet{})
+			env := s.NewTestWorkflowEnvironment()
+			env.SetTestTimeout(time.Minute)
+			env.SetWorkerOptions(worker.Options{Interceptors: []interceptor.WorkerInterceptor{r.spy}})
+			var sent atomic.Int32
+			env.SetOnActivityHeartbeatListener(func(*activity.Info, converter.EncodedValues) { sent.Add(1) })
+			env.RegisterWorkflow(getChangesWorkflow)
+			env.RegisterActivity(r.a)
+
+			env.ExecuteWorkflow(getChangesWorkflow, input(), heartbeatTimeout)
+			require.True(t, env.IsWorkflowCompleted())
+			require.NoError(t, env.GetWorkflowError(), "no heartbeat timeout")
+			var res GetChangesResult
+			require.NoError(t, env.GetWorkflowResult(&res))
+			require.Equal(t, StoppedRunEnded, res.Stopped)
+
+			require.NotNil(t, from.Load())
+			require.NotNil(t, to.Load())
+			start, end := *from.Load(), *to.Load()
+			last := start
+			var during []Heartbeat
+			for _, b := range r.spy.heartbeats() {
+				if b.at.Before(start) || b.at.After(end) {
+					continue
+				}
+				require.LessOrEqual(t, b.at.Sub(last), heartbeatTimeout/3+slack, "gap before the heartbeat at %v", b.at.Sub(start))
+				last = b.at
+				during = append(during, b.hb)
+			}
+			require.LessOrEqual(t, end.Sub(last), heartbeatTimeout/3+slack, "gap before the slow part ended")
+			require.GreaterOrEqual(t, len(during), int(slow/(heartbeatTimeout/3))-1)
+			for _, hb := range during {
+				require.Equal(t, tt.wantCP, hb.Checkpoint, "a heartbeat carries the last committed checkpoint, never the one in flight")
+			}
+			require.GreaterOrEqual(t, sent.Load(), int32(2), "heartbeats reached the (test) server")
+		})
+	}
+}
