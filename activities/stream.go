@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	"go.temporal.io/sdk/temporal"
 
@@ -73,10 +74,10 @@ type SelectReplicaInput struct {
 	// Exclude is the tablet's own (automatic) exclude list; the stream's
 	// operator list is read with the QueryExclusions query (or this
 	// worker's watcher's fresh copy of it)...
-	Exclude []config.Exclusion `json:"exclude"`
+	Exclude config.ExcludeList `json:"exclude"`
 	// ...unless OperatorKnown: then Operator is that list, as the stream
 	// passed it when it started the tablet.
-	Operator      []config.Exclusion `json:"operator,omitempty"`
+	Operator      config.ExcludeList `json:"operator,omitempty"`
 	OperatorKnown bool               `json:"operatorKnown,omitempty"`
 }
 
@@ -106,7 +107,7 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 			return Selection{}, err
 		}
 	}
-	exclude := append(append([]config.Exclusion(nil), in.Exclude...), operator...)
+	exclude := append(slices.Clone(in.Exclude), operator...)
 	tablets, err := src.ListTablets(ctx)
 	if err != nil {
 		return Selection{}, classified(src, err)
@@ -132,7 +133,7 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 
 // operatorExclusions returns the stream's operator exclude list: this
 // worker's watcher's copy if it is at most two polls old, else a query.
-func (a *Activities) operatorExclusions(ctx context.Context, stream string) ([]config.Exclusion, error) {
+func (a *Activities) operatorExclusions(ctx context.Context, stream string) (config.ExcludeList, error) {
 	if a.Client == nil || stream == "" {
 		return nil, nil
 	}
@@ -145,7 +146,7 @@ func (a *Activities) operatorExclusions(ctx context.Context, stream string) ([]c
 	if err != nil {
 		return nil, fmt.Errorf("query the stream's exclude list: %w", err)
 	}
-	var list []config.Exclusion
+	var list config.ExcludeList
 	if err := v.Get(&list); err != nil {
 		return nil, fmt.Errorf("decode the stream's exclude list: %w", err)
 	}

@@ -2,13 +2,13 @@ package activities
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/config"
-	"github.com/tabletflow/tabletflow/picker"
 )
 
 // Watcher is a worker's exclusion watcher. Cancellation reaches an
@@ -28,7 +28,7 @@ type Watcher struct {
 
 type watched struct {
 	refs    int
-	list    []config.Exclusion
+	list    config.ExcludeList
 	read    time.Time // when list was last read
 	stop    context.CancelFunc
 	stopped chan struct{}
@@ -75,7 +75,7 @@ func (w *Watcher) Excluded(stream, tablet, alias string, now time.Time) (config.
 	if s == nil {
 		return config.Exclusion{}, false
 	}
-	return picker.Excluded(s.list, alias, tablet, now)
+	return s.list.Excludes(alias, tablet, now)
 }
 
 func (w *Watcher) interval() time.Duration {
@@ -90,7 +90,7 @@ func (w *Watcher) interval() time.Duration {
 // the tablet picker need not query the stream again: when one replica is
 // excluded, every tablet that read it re-selects at once, and a query each
 // would pile up on the stream workflow.
-func (w *Watcher) Fresh(stream string, maxAge time.Duration, now time.Time) ([]config.Exclusion, bool) {
+func (w *Watcher) Fresh(stream string, maxAge time.Duration, now time.Time) (config.ExcludeList, bool) {
 	if w == nil {
 		return nil, false
 	}
@@ -100,7 +100,7 @@ func (w *Watcher) Fresh(stream string, maxAge time.Duration, now time.Time) ([]c
 	if s == nil || s.read.IsZero() || now.Sub(s.read) > maxAge {
 		return nil, false
 	}
-	return append([]config.Exclusion(nil), s.list...), true
+	return slices.Clone(s.list), true
 }
 
 func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
@@ -111,7 +111,7 @@ func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
 	for {
 		qctx, cancel := context.WithTimeout(ctx, interval)
 		v, err := w.Client.QueryWorkflow(qctx, stream, "", QueryExclusions)
-		var list []config.Exclusion
+		var list config.ExcludeList
 		if err == nil {
 			err = v.Get(&list)
 		}

@@ -29,7 +29,7 @@ type Stream struct {
 	Batch           Batch       `json:"batch"`
 	Run             Run         `json:"run"`
 	TopologyRefresh Duration    `json:"topologyRefresh,omitempty"`
-	Exclude         []Exclusion `json:"exclude,omitempty"`
+	Exclude         ExcludeList `json:"exclude,omitempty"`
 }
 
 // Source names the database to read. Secrets never go here: a credential
@@ -281,6 +281,11 @@ func (s *Stream) Validate() error {
 	if err := s.Tunables().Validate(); err != nil {
 		return err
 	}
+	if s.TopologyRefresh.D() < time.Second {
+		// Each refresh lists every tablet of the keyspace; a timer of zero or
+		// less would re-list in a tight loop.
+		return fieldErr("topologyRefresh", "%v: must be at least 1s", s.TopologyRefresh)
+	}
 	for i, e := range s.Exclude {
 		if err := e.Validate(fmt.Sprintf("exclude[%d]", i)); err != nil {
 			return err
@@ -345,9 +350,19 @@ func (t Tunables) Validate() error {
 	case t.Run.Duration.D() < time.Second:
 		return fieldErr("run.duration", "%v: must be at least 1s", t.Run.Duration)
 	case t.Run.HeartbeatTimeout.D() < time.Second:
+		// GetChanges heartbeats every third of it, through long polls and
+		// slow commits; much faster heartbeats for every tablet would load
+		// the Temporal server.
 		return fieldErr("run.heartbeatTimeout", "%v: must be at least 1s", t.Run.HeartbeatTimeout)
+	case t.Batch.MaxWait >= t.Run.Duration:
+		// A run checks its time between polls: with a long-poll as long as
+		// the run, every run would be a single poll, taking twice as long.
+		return fieldErr("batch.maxWait", "%v: must be shorter than run.duration (%v)", t.Batch.MaxWait, t.Run.Duration)
 	case t.Run.HeartbeatTimeout.D() < 2*t.Batch.MaxWait.D():
-		return fieldErr("run.heartbeatTimeout", "%v: must be at least twice batch.maxWait (%v): a heartbeat follows every batch", t.Run.HeartbeatTimeout, t.Batch.MaxWait)
+		// Kept although GetChanges now heartbeats during a long poll:
+		// workers from before that still heartbeat only between batches,
+		// and a stream's config outlives a rolling upgrade.
+		return fieldErr("run.heartbeatTimeout", "%v: must be at least twice batch.maxWait (%v)", t.Run.HeartbeatTimeout, t.Batch.MaxWait)
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ func TestDecodeAcceptsTheDesignExample(t *testing.T) {
 		Batch:           Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond)},
 		Run:             Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)},
 		TopologyRefresh: Duration(time.Minute),
-		Exclude:         []Exclusion{{Alias: "zone2-0000000201", Reason: "maintenance", TTL: Duration(2 * time.Hour)}},
+		Exclude:         ExcludeList{{Alias: "zone2-0000000201", Reason: "maintenance", TTL: Duration(2 * time.Hour)}},
 	}
 	require.Equal(t, want, got)
 }
@@ -90,7 +90,7 @@ func TestDecodeFillsDocumentedDefaultsForAMinimalConfig(t *testing.T) {
 		{name: "run", got: got.Run, want: DefaultRun},
 		{name: "topologyRefresh", got: got.TopologyRefresh.D(), want: DefaultTopologyRefresh},
 		// No exclusions.
-		{name: "exclude", got: got.Exclude, want: []Exclusion(nil)},
+		{name: "exclude", got: got.Exclude, want: ExcludeList(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -235,9 +235,20 @@ func TestDecodeRejectsBadConfigsNamingTheField(t *testing.T) {
 		{name: "run shorter than 1s", in: minimal(`"run": {"duration": "500ms"}`), wantPrefix: "run.duration:"},
 		// A heartbeat timeout shorter than a second.
 		{name: "heartbeatTimeout below 1s", in: minimal(`"run": {"heartbeatTimeout": "999ms"}`), wantPrefix: "run.heartbeatTimeout:"},
-		// A heartbeat timeout a long-poll could outlast.
+		// A heartbeat timeout below twice the long-poll (workers from before
+		// the background heartbeats heartbeat only between batches).
 		{name: "heartbeatTimeout below twice maxWait", in: minimal(`"batch": {"maxWait": "10s"}, "run": {"heartbeatTimeout": "19s"}`),
 			wantPrefix: "run.heartbeatTimeout:"},
+		// A long-poll as long as the run: every run would be one poll.
+		{name: "maxWait as long as run.duration", in: minimal(`"batch": {"maxWait": "5s"}, "run": {"duration": "5s", "heartbeatTimeout": "10s"}`),
+			wantPrefix: "batch.maxWait: 5s: must be shorter than run.duration"},
+		// ... or longer, against the default run.duration (1m).
+		{name: "maxWait as long as default run.duration", in: minimal(`"batch": {"maxWait": "1m"}, "run": {"heartbeatTimeout": "2m"}`),
+			wantPrefix: "batch.maxWait: 1m0s: must be shorter than run.duration"},
+		// A zero or negative topology refresh would re-list tablets in a loop.
+		{name: "negative topologyRefresh", in: minimal(`"topologyRefresh": "-1m"`), wantPrefix: "topologyRefresh:"},
+		// ... as would a very short one.
+		{name: "topologyRefresh below 1s", in: minimal(`"topologyRefresh": "999ms"`), wantPrefix: "topologyRefresh: 999ms: must be at least 1s"},
 		// ... which also holds against the default maxWait (500ms).
 		{name: "heartbeatTimeout below twice default maxWait", in: minimal(`"batch": {"maxWait": "1s"}, "run": {"heartbeatTimeout": "1s"}`),
 			wantPrefix: "run.heartbeatTimeout:"},
@@ -268,12 +279,19 @@ func TestDecodeAcceptsBoundaryValues(t *testing.T) {
 		// The largest batch allowed.
 		{name: "maxRecords at limit", extra: `"batch": {"maxRecords": 100000}`,
 			check: func(t *testing.T, s Stream) { require.Equal(t, MaxBatchRecords, s.Batch.MaxRecords) }},
-		// The longest long-poll allowed, with a heartbeat exactly twice it.
-		{name: "maxWait at limit", extra: `"batch": {"maxWait": "1m"}, "run": {"heartbeatTimeout": "2m"}`,
+		// The longest long-poll allowed, with a heartbeat exactly twice it
+		// and a run longer than it.
+		{name: "maxWait at limit", extra: `"batch": {"maxWait": "1m"}, "run": {"duration": "61s", "heartbeatTimeout": "2m"}`,
 			check: func(t *testing.T, s Stream) {
 				require.Equal(t, MaxBatchWait, s.Batch.MaxWait.D())
 				require.Equal(t, 2*time.Minute, s.Run.HeartbeatTimeout.D())
 			}},
+		// A long-poll just shorter than the run.
+		{name: "maxWait just below run.duration", extra: `"batch": {"maxWait": "1999ms"}, "run": {"duration": "2s", "heartbeatTimeout": "4s"}`,
+			check: func(t *testing.T, s Stream) { require.Less(t, s.Batch.MaxWait, s.Run.Duration) }},
+		// The shortest topology refresh.
+		{name: "topologyRefresh of 1s", extra: `"topologyRefresh": "1s"`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, time.Second, s.TopologyRefresh.D()) }},
 		// A coefficient of 1 is constant backoff.
 		{name: "backoffCoefficient 1", extra: `"retry": {"backoffCoefficient": 1}`,
 			check: func(t *testing.T, s Stream) { require.Equal(t, 1.0, s.Retry.BackoffCoefficient) }},
@@ -298,7 +316,7 @@ func TestDecodeAcceptsBoundaryValues(t *testing.T) {
 		// A per-tablet exclusion without TTL.
 		{name: "exclude per tablet", extra: `"exclude": [{"alias": "zone1-0000000101", "tablet": "t-0003"}]`,
 			check: func(t *testing.T, s Stream) {
-				require.Equal(t, []Exclusion{{Alias: "zone1-0000000101", Tablet: "t-0003"}}, s.Exclude)
+				require.Equal(t, ExcludeList{{Alias: "zone1-0000000101", Tablet: "t-0003"}}, s.Exclude)
 			}},
 		// Surrounding whitespace is not trailing data.
 		{name: "whitespace around the object", extra: "",
@@ -458,6 +476,23 @@ func TestTunablesValidate(t *testing.T) {
 		}, wantPrefix: "batch.maxWait:"},
 		// A zero run.
 		{name: "zero run duration", edit: func(tu *Tunables) { tu.Run.Duration = 0 }, wantPrefix: "run.duration:"},
+		// A long-poll as long as the run (a configure update can make one).
+		{name: "maxWait equal to run duration", edit: func(tu *Tunables) {
+			tu.Run.Duration = Duration(5 * time.Second)
+			tu.Batch.MaxWait = Duration(5 * time.Second)
+			tu.Run.HeartbeatTimeout = Duration(10 * time.Second)
+		}, wantPrefix: "batch.maxWait:"},
+		// One nanosecond shorter is fine.
+		{name: "maxWait just below run duration", edit: func(tu *Tunables) {
+			tu.Run.Duration = Duration(5 * time.Second)
+			tu.Batch.MaxWait = Duration(5*time.Second - 1)
+			tu.Run.HeartbeatTimeout = Duration(10 * time.Second)
+		}},
+		// A heartbeat timeout just under a second (heartbeats go every third).
+		{name: "heartbeatTimeout just below 1s", edit: func(tu *Tunables) {
+			tu.Batch.MaxWait = 0
+			tu.Run.HeartbeatTimeout = Duration(time.Second - 1)
+		}, wantPrefix: "run.heartbeatTimeout:"},
 		// A heartbeat timeout one nanosecond short of twice maxWait.
 		{name: "heartbeatTimeout just below twice maxWait", edit: func(tu *Tunables) {
 			tu.Batch.MaxWait = Duration(5 * time.Second)

@@ -40,18 +40,6 @@ func FromConfig(s config.Selection) Options {
 	return o
 }
 
-// Excluded reports whether an exclude list bars alias from tablet at now:
-// entries for every tablet (Tablet "") and for this tablet count, expired
-// entries do not.
-func Excluded(list []config.Exclusion, alias, tablet string, now time.Time) (config.Exclusion, bool) {
-	for _, e := range list {
-		if e.Alias == alias && (e.Tablet == "" || e.Tablet == tablet) && (e.Expires.IsZero() || now.Before(e.Expires)) {
-			return e, true
-		}
-	}
-	return config.Exclusion{}, false
-}
-
 // Rejection says why a replica was not a candidate.
 type Rejection struct {
 	Alias  string
@@ -63,7 +51,7 @@ type Rejection struct {
 // cell preference, then type order, and equals are shuffled with rng. With
 // no candidate it returns an error wrapping ErrNoEligibleReplica that says
 // why each replica was skipped.
-func Pick(t source.Tablet, opts Options, exclude []config.Exclusion, now time.Time, rng *rand.Rand) (source.Replica, error) {
+func Pick(t source.Tablet, opts Options, exclude config.ExcludeList, now time.Time, rng *rand.Rand) (source.Replica, error) {
 	cands, rejected := Candidates(t, opts, exclude, now)
 	if len(cands) == 0 {
 		return source.Replica{}, noEligible(t.ID, rejected)
@@ -78,7 +66,7 @@ func Pick(t source.Tablet, opts Options, exclude []config.Exclusion, now time.Ti
 
 // Candidates returns the eligible replicas in preference order (equals in
 // their listed order) and why the others were skipped.
-func Candidates(t source.Tablet, opts Options, exclude []config.Exclusion, now time.Time) ([]source.Replica, []Rejection) {
+func Candidates(t source.Tablet, opts Options, exclude config.ExcludeList, now time.Time) ([]source.Replica, []Rejection) {
 	var cands []source.Replica
 	var rejected []Rejection
 	for _, r := range t.Replicas {
@@ -112,7 +100,7 @@ func Preferred(t source.Tablet, opts Options, r source.Replica) bool {
 }
 
 // skip returns why a replica is not a candidate, or "".
-func skip(r source.Replica, tablet string, opts Options, exclude []config.Exclusion, now time.Time) string {
+func skip(r source.Replica, tablet string, opts Options, exclude config.ExcludeList, now time.Time) string {
 	switch {
 	case !r.Healthy:
 		return "unhealthy"
@@ -125,7 +113,7 @@ func skip(r source.Replica, tablet string, opts Options, exclude []config.Exclus
 	case opts.MaxLag > 0 && r.Lag > opts.MaxLag:
 		return fmt.Sprintf("lag %v over %v", r.Lag, opts.MaxLag)
 	}
-	if e, ok := Excluded(exclude, r.Alias, tablet, now); ok {
+	if e, ok := exclude.Excludes(r.Alias, tablet, now); ok {
 		return "excluded: " + e.Reason
 	}
 	return ""

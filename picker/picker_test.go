@@ -138,44 +138,6 @@ func TestPickStillUsesReplicasExcludedOnlyElsewhereOrNoLonger(t *testing.T) {
 	}
 }
 
-func TestExcludedMatchesAliasTabletAndExpiry(t *testing.T) {
-	tests := []struct {
-		name   string
-		list   []config.Exclusion
-		alias  string
-		want   bool
-		reason string
-	}{
-		// An empty list bars nothing.
-		{name: "empty list", alias: "zone1-1", want: false},
-		// A stream-wide entry without expiry bars the alias.
-		{name: "stream-wide forever", list: []config.Exclusion{{Alias: "zone1-1", Reason: "ops"}}, alias: "zone1-1", want: true, reason: "ops"},
-		// A per-tablet entry for this tablet bars the alias.
-		{name: "this tablet", list: []config.Exclusion{{Alias: "zone1-1", Tablet: tabletID, Reason: "auto"}}, alias: "zone1-1", want: true, reason: "auto"},
-		// A per-tablet entry for another tablet does not.
-		{name: "other tablet", list: []config.Exclusion{{Alias: "zone1-1", Tablet: "t-0009"}}, alias: "zone1-1", want: false},
-		// An entry expired before now does not.
-		{name: "expired", list: []config.Exclusion{{Alias: "zone1-1", Expires: now.Add(-time.Nanosecond)}}, alias: "zone1-1", want: false},
-		// An entry expiring after now does.
-		{name: "not yet expired", list: []config.Exclusion{{Alias: "zone1-1", Expires: now.Add(time.Nanosecond), Reason: "soon"}}, alias: "zone1-1", want: true, reason: "soon"},
-		// Aliases match exactly, not by prefix.
-		{name: "prefix is not a match", list: []config.Exclusion{{Alias: "zone1-1"}}, alias: "zone1-10", want: false},
-		// The first entry that bars the alias is the one returned.
-		{name: "first live entry wins", list: []config.Exclusion{
-			{Alias: "zone1-1", Tablet: "t-0009", Reason: "other"},
-			{Alias: "zone1-1", Reason: "first"},
-			{Alias: "zone1-1", Tablet: tabletID, Reason: "second"},
-		}, alias: "zone1-1", want: true, reason: "first"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			e, ok := Excluded(tt.list, tt.alias, tabletID, now)
-			require.Equal(t, tt.want, ok)
-			require.Equal(t, tt.reason, e.Reason)
-		})
-	}
-}
-
 func TestPickPrefersListedCells(t *testing.T) {
 	local := rep("zone1-0000000101", "zone1", source.TypeReplica)
 	remote := rep("zone2-0000000201", "zone2", source.TypeReplica)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -338,4 +339,38 @@ func TestRejectedConfigureLeavesTheStreamUnchanged(t *testing.T) {
 
 func temporalNonRetryable(msg, typ string, d activities.ErrorDetails) error {
 	return temporal.NewNonRetryableApplicationError(msg, typ, errors.New(msg), d)
+}
+
+func TestStreamStartsManyTabletsInWavesOfOneRunEach(t *testing.T) {
+	ids := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("t-%05d", i)
+		}
+		return out
+	}
+	tests := []struct {
+		name     string
+		fresh    int
+		started  int
+		now      int
+		deferred bool
+	}{
+		// Within the run's budget: all at once.
+		{"few", 10, 0, 10, false},
+		{"exactly the budget", maxChildrenPerRun, 0, maxChildrenPerRun, false},
+		// More than a run may start: one wave now, the rest in the next run.
+		{"many", 5000, 0, maxChildrenPerRun, true},
+		// Splits and restarts this run used part of the budget.
+		{"budget partly used", 600, maxChildrenPerRun - 100, 100, true},
+		{"budget used up", 5, maxChildrenPerRun, 0, true},
+		{"nothing to start", 0, maxChildrenPerRun, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now, deferred := wave(ids(tt.fresh), tt.started)
+			require.Len(t, now, tt.now)
+			require.Equal(t, tt.deferred, deferred)
+		})
+	}
 }

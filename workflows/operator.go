@@ -90,8 +90,7 @@ func (s *stream) exclude(ctx workflow.Context, raw json.RawMessage, apply bool) 
 	}
 	expires := expiry(workflow.Now(ctx), req.TTL)
 	for _, alias := range req.Aliases {
-		s.st.Exclude = slices.DeleteFunc(s.st.Exclude, func(e config.Exclusion) bool { return e.Alias == alias && e.Tablet == req.Tablet })
-		s.st.Exclude = append(s.st.Exclude, config.Exclusion{Alias: alias, Tablet: req.Tablet, Reason: reason, TTL: req.TTL, Expires: expires})
+		s.st.Exclude = s.st.Exclude.Add(config.Exclusion{Alias: alias, Tablet: req.Tablet, Reason: reason, TTL: req.TTL, Expires: expires})
 	}
 	s.log.Info("replicas excluded", "aliases", req.Aliases, "tablet", req.Tablet, "reason", reason)
 	// No fan-out: the picker reads the list, and each worker's exclusion
@@ -110,7 +109,7 @@ func (s *stream) include(ctx workflow.Context, raw json.RawMessage, apply bool) 
 	if !apply {
 		return nil
 	}
-	s.st.Exclude = slices.DeleteFunc(s.st.Exclude, func(e config.Exclusion) bool { return slices.Contains(req.Aliases, e.Alias) })
+	s.st.Exclude = s.st.Exclude.Remove(req.Aliases...)
 	// Tablets holding automatic entries for the aliases drop them; tablets
 	// waiting for an eligible replica look again.
 	var ids []string
@@ -290,20 +289,12 @@ func (s *stream) tell(ctx workflow.Context, ids []string, cmd TabletCommand) {
 // nextExpiry is when the next operator exclusion ends (zero: none). An
 // entry already past its expiry counts until onExpiry prunes it, so its
 // timer (of zero length) still fires.
-func (s *stream) nextExpiry() time.Time {
-	var next time.Time
-	for _, e := range s.st.Exclude {
-		if !e.Expires.IsZero() && (next.IsZero() || e.Expires.Before(next)) {
-			next = e.Expires
-		}
-	}
-	return next
-}
+func (s *stream) nextExpiry() time.Time { return s.st.Exclude.NextExpiry() }
 
 // onExpiry drops ended exclusions and lets waiting tablets look again.
 func (s *stream) onExpiry(ctx workflow.Context) {
 	now := workflow.Now(ctx)
-	s.st.Exclude = slices.DeleteFunc(s.st.Exclude, func(e config.Exclusion) bool { return !e.Expires.IsZero() && !now.Before(e.Expires) })
+	s.st.Exclude = s.st.Exclude.Live(now)
 	var waiting []string
 	for _, id := range s.tabletIDs() {
 		if s.st.Tablets[id].State == NoEligibleReplica {

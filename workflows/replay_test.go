@@ -30,6 +30,13 @@ var recorded = map[string]recording{
 	"tablet-stopped.json":          {"stopme/tablet/t-0001", "02c42ee7f87ca06a74084a3b3e8e243ce3172980b85f186eff90005aaa5e6833"},
 	"tablet-retry-elsewhere.json":  {"mismatch/tablet/t-0001", "559ccd54c88f7a5fa5d3d0b89c3cf14825c4f07ee3b16c4752cb0fcf03ba4825"},
 	"tablet-retry-same.json":       {"mismatch/tablet/t-0002", "325952606ddaac848642ab4538553bb24354cbee04700b13b046c30638c65815"},
+	// With changeDurable (versionDurable), from the e2e durability tests.
+	"stream-durable-continued-as-new.json": {"dur-a", "e4d3229798870d0e00ddf3a711720f727ebb32b85707048590fb5e0dabd05f79"},
+	"tablet-durable-continued-as-new.json": {"dur-a/tablet/t-0001", "6ea6dbb35e9247f6b42468bcfff5c3a65280d6af5339f1f8d4f6fa1db0669b61"},
+	"stream-durable-restarted-tablet.json": {"restart", "1af9908432058e029aad078548f38439fda189d31158f264ea1e5c1ac8d58a81"},
+	"tablet-durable-restarted.json":        {"restart/tablet/t-0002", "c3e2853d5c58c6b373a91372cb57ce457a0a7748b6dfb0ac58a54df37478a261"},
+	"stream-durable-topology-down.json":    {"topodown", "42c8ac0fe20827b9213dd7c407d98821cc66c92664a5fce68c4729cb919c8036"},
+	"tablet-durable-topology-down.json":    {"topodown/tablet/t-0001", "7d092a9d55926b97e84af9319a0b752b5345d5edf44a5f49c12b8b0654b8e5e1"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

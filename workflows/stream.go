@@ -37,9 +37,10 @@ func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamStat
 	s := &stream{id: workflow.GetInfo(ctx).WorkflowExecution.ID, raw: cfg, cfg: c, st: state}
 	s.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
 	if s.st == nil {
-		s.st = &StreamState{Tablets: map[string]*TabletStatus{}, Exclude: c.Exclude}
-		for i := range s.st.Exclude {
-			s.st.Exclude[i].Expires = expiry(workflow.Now(ctx), s.st.Exclude[i].TTL)
+		s.st = &StreamState{Tablets: map[string]*TabletStatus{}}
+		for _, e := range c.Exclude {
+			e.Expires = expiry(workflow.Now(ctx), e.TTL)
+			s.st.Exclude = s.st.Exclude.Add(e)
 		}
 	}
 	s.applyTunables()
@@ -56,6 +57,11 @@ type stream struct {
 	version workflow.Version
 	reports workflow.ReceiveChannel
 	signals map[string]workflow.ReceiveChannel
+	// started counts the tablet workflows this run started: a run has at
+	// most maxChildrenPerRun (see applyListing); more tablets wait for the
+	// next run, which deferred asks for at once.
+	started  int
+	deferred bool
 	// memo and memoExclude are what the memo last got: tablet-state counts
 	// and the operator exclude list.
 	memo        map[string]int
@@ -78,7 +84,7 @@ func (s *stream) run(ctx workflow.Context) error {
 		return err
 	}
 	s.signals = signals
-	if err := workflow.SetQueryHandler(ctx, activities.QueryExclusions, func() ([]config.Exclusion, error) {
+	if err := workflow.SetQueryHandler(ctx, activities.QueryExclusions, func() (config.ExcludeList, error) {
 		return s.exclusions(workflow.Now(ctx)), nil
 	}); err != nil {
 		return err
@@ -168,7 +174,7 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 		if s.st.Stop != nil && len(s.live()) == 0 {
 			return s.finish(ctx, actx)
 		}
-		if workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
+		if s.deferred || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
 			return s.continueAsNew(ctx)
 		}
 		sel := workflow.NewSelector(ctx)
@@ -411,6 +417,7 @@ func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 	}
 	var futs []started
 	total := len(s.st.Tablets)
+	s.started += len(children)
 	for _, c := range children {
 		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
 			WorkflowID:        TabletWorkflowID(s.id, c.id),
@@ -441,21 +448,13 @@ func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 }
 
 // exclusions returns the operator exclude list without expired entries.
-func (s *stream) exclusions(now time.Time) []config.Exclusion {
-	out := []config.Exclusion{}
-	for _, e := range s.st.Exclude {
-		if e.Expires.IsZero() || now.Before(e.Expires) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
+func (s *stream) exclusions(now time.Time) config.ExcludeList { return s.st.Exclude.Live(now) }
 
 // status is the `status` query; a paused tablet's retention counts down.
 func (s *stream) status(now time.Time) StreamStatus {
 	out := StreamStatus{Stream: s.id, Tablets: []TabletStatus{}, Exclude: s.st.Exclude, Rejected: s.st.Rejected, Topology: s.st.Topology}
 	if out.Exclude == nil {
-		out.Exclude = []config.Exclusion{}
+		out.Exclude = config.ExcludeList{}
 	}
 	if out.Rejected == nil {
 		out.Rejected = []Rejected{}
@@ -463,7 +462,7 @@ func (s *stream) status(now time.Time) StreamStatus {
 	for _, id := range s.tabletIDs() {
 		t := *s.st.Tablets[id]
 		if t.Excluded == nil {
-			t.Excluded = []config.Exclusion{}
+			t.Excluded = config.ExcludeList{}
 		}
 		if t.State == Paused && !t.PausedAt.IsZero() && s.st.Retention > 0 && !now.IsZero() {
 			t.RetentionLeft = retentionLeft(s.st.Retention, t.PausedAt, now).Round(time.Second).String()

@@ -21,6 +21,15 @@ const (
 	topologyRetry = 10 * time.Second
 )
 
+// maxChildrenPerRun bounds the tablet workflows one stream run starts. A
+// child a run started counts against the server's limit of pending child
+// workflows per execution (2000 by default) until it closes, however it is
+// abandoned; a new run (continue-as-new) starts from zero. So a stream of
+// more tablets starts them in waves of this many, one wave per run; splits,
+// restarts and retries are few and always start at once, within the
+// limit's headroom.
+const maxChildrenPerRun = 1000
+
 // topologyRead is what one background topology read found.
 type topologyRead struct {
 	tablets []source.Tablet
@@ -140,10 +149,26 @@ func (s *stream) applyListing(ctx workflow.Context, tablets []source.Tablet) {
 			byHandoff[p.Handoff] = append(byHandoff[p.Handoff], t.ID)
 		}
 	}
-	s.startTablets(ctx, fresh, source.Checkpoint{})
+	now, deferred := wave(fresh, s.started)
+	if deferred {
+		s.log.Info("starting tablets in waves: the rest in the next run", "now", len(now), "waiting", len(fresh)-len(now))
+		s.deferred = true
+	}
+	s.startTablets(ctx, now, source.Checkpoint{})
 	for _, h := range handoffs {
 		s.startTablets(ctx, byHandoff[h], h)
 	}
+}
+
+// wave returns the fresh tablets a run that already started `started`
+// tablet workflows may start now, and whether others must wait for the
+// next run.
+func wave(fresh []string, started int) (now []string, deferred bool) {
+	budget := max(0, maxChildrenPerRun-started)
+	if len(fresh) <= budget {
+		return fresh, false
+	}
+	return fresh[:budget], true
 }
 
 // reconcile handles tablets found closed while the stream believed them

@@ -3,14 +3,12 @@ package workflows
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/tabletflow/tabletflow/activities"
-	"github.com/tabletflow/tabletflow/config"
 )
 
 // Backoff between attempts that are not the activity's own retries
@@ -139,7 +137,7 @@ func (t *tablet) handle(ctx workflow.Context, cmd TabletCommand) (interrupt bool
 	case CmdStop:
 		t.st.Stop = true
 	case CmdInclude:
-		t.st.Exclude = slices.DeleteFunc(t.st.Exclude, func(e config.Exclusion) bool { return slices.Contains(cmd.Aliases, e.Alias) })
+		t.st.Exclude = t.st.Exclude.Remove(cmd.Aliases...)
 		t.st.Status.Excluded = t.liveExclusions(ctx)
 	case CmdConfigure:
 		if cmd.Tunables != nil {

@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -9,7 +10,6 @@ import (
 
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/config"
-	"github.com/tabletflow/tabletflow/picker"
 	"github.com/tabletflow/tabletflow/source"
 )
 
@@ -163,7 +163,7 @@ func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome
 // exclude adds the replica to the tablet's own exclude list for
 // autoExcludeTTL (decide never asks for the last eligible replica).
 func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason string, now time.Time) {
-	t.st.Exclude = append(t.st.Exclude, config.Exclusion{
+	t.st.Exclude = t.st.Exclude.Add(config.Exclusion{
 		Alias: sel.Replica.Alias, Tablet: t.in.Tablet, Reason: reason,
 		Expires: now.Add(t.in.Config.AutoExcludeTTL.D()),
 	})
@@ -171,16 +171,9 @@ func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason 
 }
 
 // liveExclusions drops expired automatic entries and returns the rest.
-func (t *tablet) liveExclusions(ctx workflow.Context) []config.Exclusion {
-	now := workflow.Now(ctx)
-	live := t.st.Exclude[:0]
-	for _, e := range t.st.Exclude {
-		if _, ok := picker.Excluded([]config.Exclusion{e}, e.Alias, t.in.Tablet, now); ok {
-			live = append(live, e)
-		}
-	}
-	t.st.Exclude = live
-	return append([]config.Exclusion(nil), live...)
+func (t *tablet) liveExclusions(ctx workflow.Context) config.ExcludeList {
+	t.st.Exclude = t.st.Exclude.Live(workflow.Now(ctx))
+	return slices.Clone(t.st.Exclude)
 }
 
 func (t *tablet) advance(cp source.Checkpoint) {

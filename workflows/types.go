@@ -67,7 +67,7 @@ type TabletStatus struct {
 	LagSeconds float64 `json:"lagSeconds"`
 	// RetentionLeft counts down while the tablet does not advance (Paused).
 	RetentionLeft string             `json:"retentionLeft"`
-	Excluded      []config.Exclusion `json:"excluded"`
+	Excluded      config.ExcludeList `json:"excluded"`
 	// PausedAt is when a Paused tablet stopped advancing.
 	PausedAt time.Time `json:"pausedAt,omitzero"`
 	// For a Split tablet: its children and their starting checkpoint.
@@ -84,7 +84,7 @@ type TabletStatus struct {
 type StreamStatus struct {
 	Stream   string             `json:"stream"`
 	Tablets  []TabletStatus     `json:"tablets"`
-	Exclude  []config.Exclusion `json:"exclude"`
+	Exclude  config.ExcludeList `json:"exclude"`
 	Rejected []Rejected         `json:"rejected"`
 	// Topology is set while the source's topology cannot be read.
 	Topology *TopologyTrouble `json:"topology,omitempty"`
@@ -110,7 +110,7 @@ type StreamState struct {
 	// SourceStream: the source-side stream has been ensured.
 	SourceStream bool                     `json:"sourceStream"`
 	Tablets      map[string]*TabletStatus `json:"tablets"`
-	Exclude      []config.Exclusion       `json:"exclude"`
+	Exclude      config.ExcludeList       `json:"exclude"`
 	Rejected     []Rejected               `json:"rejected"`
 	// Aliases are the replicas the stream knows (from its last listing).
 	Aliases []string `json:"aliases"`
@@ -140,7 +140,7 @@ type TabletInput struct {
 	// Exclude is the stream's operator exclude list when the tablet was
 	// started: its first selection uses it instead of querying the stream
 	// (which is busy starting every tablet); later ones read the live list.
-	Exclude []config.Exclusion `json:"exclude,omitempty"`
+	Exclude config.ExcludeList `json:"exclude,omitempty"`
 }
 
 // TabletState is everything a TabletWorkflow carries across
@@ -149,7 +149,7 @@ type TabletState struct {
 	Status     TabletStatus      `json:"status"`
 	Checkpoint source.Checkpoint `json:"checkpoint"`
 	// Exclude is the tablet's own automatic exclude list.
-	Exclude    []config.Exclusion `json:"exclude"`
+	Exclude    config.ExcludeList `json:"exclude"`
 	LastReport time.Time          `json:"lastReport"`
 	// Selected is set once the tablet has selected a replica.
 	Selected bool `json:"selected,omitempty"`
