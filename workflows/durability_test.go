@@ -374,3 +374,24 @@ func TestStreamStartsManyTabletsInWavesOfOneRunEach(t *testing.T) {
 		})
 	}
 }
+
+func TestRetryRestartsAFailedTabletFromItsCheckpointKeepingItsStart(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{lists: [][]source.Tablet{{{ID: "t-0001"}}}}
+	w.mock(env)
+	var r tabletRunner
+	r.mock(env)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Failed, Reason: "sink: SINK_CORRUPT",
+			Checkpoint: cp(77), Start: cp(5), Records: 72, Updated: env.Now()})
+	}, 5*time.Second)
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(CmdRetry, json.RawMessage(`{}`)) }, 6*time.Second)
+	env.RegisterDelayedCallback(env.CancelWorkflow, 8*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Len(t, r.starts, 2)
+	require.Equal(t, cp(5), r.starts[1].Start, "the tablet's own start, not its checkpoint")
+	require.NotNil(t, r.states[1])
+	require.Equal(t, cp(77), r.states[1].Checkpoint, "resumes from its checkpoint")
+	require.Equal(t, int64(72), r.states[1].Status.Records, "with its counters")
+}

@@ -169,11 +169,15 @@ func (s *stream) retry(ctx workflow.Context, raw json.RawMessage, apply bool) er
 		}
 	}
 	// A Failed tablet's workflow has ended; a new one resumes from its
-	// checkpoint (and the sink's, whichever is later).
+	// checkpoint (and the sink's, whichever is later), keeping its
+	// counters and its own start (so a sink that lost data is still
+	// caught, not read on from the checkpoint).
 	for _, id := range ids {
-		cp := s.st.Tablets[id].Checkpoint
-		delete(s.st.Tablets, id)
-		s.startTablets(ctx, []string{id}, cp)
+		old := s.st.Tablets[id]
+		row := &TabletStatus{ID: id, State: Starting, Checkpoint: old.Checkpoint, Start: old.Start,
+			Records: old.Records, Batches: old.Batches, Restarts: old.Restarts, Reason: "retried by the operator"}
+		s.st.Tablets[id] = row
+		s.startChildren(ctx, []childStart{{id: id, start: old.Start, state: &TabletState{Status: *row, Checkpoint: old.Checkpoint}}})
 	}
 	return nil
 }

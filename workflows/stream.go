@@ -393,7 +393,7 @@ func (s *stream) startTablets(ctx workflow.Context, ids []string, start source.C
 		if s.st.Tablets[id] != nil {
 			continue
 		}
-		s.st.Tablets[id] = &TabletStatus{ID: id, State: Starting, Checkpoint: start}
+		s.st.Tablets[id] = &TabletStatus{ID: id, State: Starting, Checkpoint: start, Start: start}
 		children = append(children, childStart{id: id, start: start})
 	}
 	s.startChildren(ctx, children)

@@ -218,7 +218,9 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 		s.log.Warn("tablet workflow closed without a terminal report; restarting it", "tablet", c.Tablet, "closed", c.Status, "checkpoint", row.Checkpoint)
 		s.st.Tablets[c.Tablet] = &row
 		st := &TabletState{Status: row, Checkpoint: row.Checkpoint, Exclude: row.Excluded, Pause: paused, Stop: s.st.Stop != nil}
-		restarts = append(restarts, childStart{id: c.Tablet, start: row.Checkpoint, state: st})
+		// The restarted workflow keeps the tablet's own start, so the sink
+		// check "empty only while still at the start" keeps its meaning.
+		restarts = append(restarts, childStart{id: c.Tablet, start: row.Start, state: st})
 	}
 	s.startChildren(ctx, restarts)
 }

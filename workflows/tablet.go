@@ -31,7 +31,7 @@ func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error
 	t := &tablet{in: in, st: st, log: workflow.GetLogger(ctx)}
 	t.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
 	if t.st == nil {
-		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start}}
+		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
 	}
 	// A state from before the intents were carried: derive the pause.
 	t.st.Pause = t.st.Pause || t.st.Status.State == Paused

@@ -73,6 +73,9 @@ type TabletStatus struct {
 	// For a Split tablet: its children and their starting checkpoint.
 	Children []string          `json:"children,omitempty"`
 	Handoff  source.Checkpoint `json:"handoff,omitzero"`
+	// Start is where the tablet started: a split's hand-off, or empty for
+	// the stream's start position.
+	Start source.Checkpoint `json:"start,omitzero"`
 	// Restarts counts how often the stream restarted this tablet's
 	// workflow after it closed without a terminal report (terminated,
 	// reset, timed out, failed).
