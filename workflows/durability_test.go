@@ -78,7 +78,7 @@ func TestTabletRestartedPausedStaysPausedAndStopsWhenTheStreamStops(t *testing.T
 	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
 	// A restart (the stream's reconcile) hands over the intents: a stopping
 	// stream's restarted tablet stops at once, at its checkpoint.
-	st := &TabletState{Checkpoint: cp(70), Status: TabletStatus{ID: "t-0001", State: Starting, Checkpoint: cp(70), Records: 70, Restarts: 1}, Pause: true, Stop: true}
+	st := &TabletState{Checkpoint: cp(70), Status: TabletStatus{ID: "t-0001", State: Starting, Checkpoint: cp(70), Records: 70, Restarts: 1}, Pause: true, Stop: true, Intents: true}
 	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, st)
 	require.NoError(t, env.GetWorkflowError())
 	v, err := env.QueryWorkflow(QueryStatus)
@@ -394,4 +394,65 @@ func TestRetryRestartsAFailedTabletFromItsCheckpointKeepingItsStart(t *testing.T
 	require.NotNil(t, r.states[1])
 	require.Equal(t, cp(77), r.states[1].Checkpoint, "resumes from its checkpoint")
 	require.Equal(t, int64(72), r.states[1].Status.Records, "with its counters")
+}
+
+func TestTabletResumedJustBeforeContinueAsNewStreamsInTheNextRun(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		st    TabletState
+		state State
+	}{
+		// The intents ride in the state: a resume drained just before
+		// continuing as new leaves the status Paused, not the intent.
+		{"carried", TabletState{Intents: true, Pause: false, Status: TabletStatus{ID: "t-0001", State: Paused}}, Streaming},
+		// A state from before the intents were carried: Paused is derived.
+		{"from an older worker", TabletState{Status: TabletStatus{ID: "t-0001", State: Paused}}, Paused},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var env *testsuite.TestWorkflowEnvironment
+			if tt.state == Paused {
+				env = newEnv(t) // no activity runs
+				env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+				env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
+			} else {
+				env = streamingTablet(t)
+			}
+			var got TabletStatus
+			env.RegisterDelayedCallback(func() {
+				v, err := env.QueryWorkflow(QueryStatus)
+				require.NoError(t, err)
+				require.NoError(t, v.Get(&got))
+				env.CancelWorkflow()
+			}, 30*time.Second)
+			st := tt.st
+			env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, &st)
+			require.Equal(t, tt.state, got.State)
+		})
+	}
+}
+
+func TestStreamKeepsTheNewestReportByItsSequence(t *testing.T) {
+	at := time.Date(2026, 12, 1, 4, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name    string
+		r, prev TabletStatus
+		stale   bool
+	}{
+		// Two reports sent in one workflow task carry the same time; the
+		// sequence tells them apart, whatever order they arrive in.
+		{"same time, older sequence", TabletStatus{Seq: 4, Updated: at}, TabletStatus{Seq: 5, Updated: at}, true},
+		{"same time, newer sequence", TabletStatus{Seq: 6, Updated: at}, TabletStatus{Seq: 5, Updated: at}, false},
+		// The same report twice.
+		{"same sequence", TabletStatus{Seq: 5, Updated: at}, TabletStatus{Seq: 5, Updated: at}, true},
+		// Reports from before the sequence: by time.
+		{"unnumbered, older", TabletStatus{Updated: at.Add(-time.Second)}, TabletStatus{Updated: at}, true},
+		{"unnumbered, same time", TabletStatus{Updated: at}, TabletStatus{Updated: at}, false},
+		// The stream's own row for a new tablet has no sequence yet.
+		{"first numbered report", TabletStatus{Seq: 1, Updated: at}, TabletStatus{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.stale, stale(tt.r, tt.prev))
+		})
+	}
 }

@@ -175,9 +175,9 @@ func (s *stream) retry(ctx workflow.Context, raw json.RawMessage, apply bool) er
 	for _, id := range ids {
 		old := s.st.Tablets[id]
 		row := &TabletStatus{ID: id, State: Starting, Checkpoint: old.Checkpoint, Start: old.Start,
-			Records: old.Records, Batches: old.Batches, Restarts: old.Restarts, Reason: "retried by the operator"}
+			Records: old.Records, Batches: old.Batches, Restarts: old.Restarts, Seq: old.Seq, Reason: "retried by the operator"}
 		s.st.Tablets[id] = row
-		s.startChildren(ctx, []childStart{{id: id, start: old.Start, state: &TabletState{Status: *row, Checkpoint: old.Checkpoint}}})
+		s.startChildren(ctx, []childStart{{id: id, start: old.Start, state: &TabletState{Status: *row, Checkpoint: old.Checkpoint, Intents: true}}})
 	}
 	return nil
 }

@@ -342,7 +342,7 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 		return
 	}
 	prev := s.st.Tablets[r.ID]
-	if prev != nil && r.Updated.Before(prev.Updated) {
+	if prev != nil && stale(r, *prev) {
 		return // reports are not awaited by the tablet; an older one can come late
 	}
 	r.Reason, r.LastError = clip(r.Reason), clip(r.LastError)
@@ -353,6 +353,16 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 	if r.State == Split && (prev == nil || prev.State != Split) && s.st.Stop == nil {
 		s.startTablets(ctx, r.Children, r.Handoff)
 	}
+}
+
+// stale reports whether report r is older than what the stream holds:
+// by the tablet's report sequence when both have one, else (reports from
+// before it was numbered) by time.
+func stale(r, prev TabletStatus) bool {
+	if r.Seq > 0 && prev.Seq > 0 {
+		return r.Seq <= prev.Seq
+	}
+	return r.Updated.Before(prev.Updated)
 }
 
 // refreshV0 is the topology refresh as it was before changeDurable: it

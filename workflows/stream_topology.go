@@ -205,7 +205,7 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 			continue
 		}
 		row := *prev
-		if final != nil && final.Updated.After(prev.Updated) {
+		if final != nil && stale(*prev, *final) {
 			row = *final
 		}
 		if final != nil {
@@ -217,7 +217,7 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 		row.Updated = workflow.Now(ctx)
 		s.log.Warn("tablet workflow closed without a terminal report; restarting it", "tablet", c.Tablet, "closed", c.Status, "checkpoint", row.Checkpoint)
 		s.st.Tablets[c.Tablet] = &row
-		st := &TabletState{Status: row, Checkpoint: row.Checkpoint, Exclude: row.Excluded, Pause: paused, Stop: s.st.Stop != nil}
+		st := &TabletState{Status: row, Checkpoint: row.Checkpoint, Exclude: row.Excluded, Pause: paused, Stop: s.st.Stop != nil, Intents: true}
 		// The restarted workflow keeps the tablet's own start, so the sink
 		// check "empty only while still at the start" keeps its meaning.
 		restarts = append(restarts, childStart{id: c.Tablet, start: row.Start, state: st})

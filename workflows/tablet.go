@@ -33,8 +33,12 @@ func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error
 	if t.st == nil {
 		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
 	}
-	// A state from before the intents were carried: derive the pause.
-	t.st.Pause = t.st.Pause || t.st.Status.State == Paused
+	if !t.st.Intents {
+		// A state from before the intents were carried: derive the pause.
+		// (Never from a carried state: a resume just before continuing as
+		// new leaves the status Paused for a moment.)
+		t.st.Pause, t.st.Intents = t.st.Status.State == Paused, true
+	}
 	t.log = log.With(t.log, "stream", in.Stream, "tablet", in.Tablet)
 	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (TabletStatus, error) { return t.st.Status, nil }); err != nil {
 		return err

@@ -81,6 +81,7 @@ func (t *tablet) report(ctx workflow.Context, force bool) error {
 // reaches the stream's current run).
 func (t *tablet) send(ctx workflow.Context) {
 	t.resend = false
+	t.st.Status.Seq++
 	t.reports = append(t.reports, workflow.SignalExternalWorkflow(ctx, t.in.Stream, "", SignalTabletReport, t.st.Status))
 }
 

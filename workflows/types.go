@@ -81,6 +81,10 @@ type TabletStatus struct {
 	// reset, timed out, failed).
 	Restarts int       `json:"restarts,omitempty"`
 	Updated  time.Time `json:"updated"`
+	// Seq numbers the tablet's reports (across its runs and restarts):
+	// reports are not awaited, so two sent in one workflow task can arrive
+	// in either order, and the stream keeps only the newest.
+	Seq int64 `json:"seq,omitempty"`
 }
 
 // StreamStatus is the `status` query's result.
@@ -161,6 +165,9 @@ type TabletState struct {
 	// checkpoint until resumed; Stop ends it after a final commit.
 	Pause bool `json:"pause,omitempty"`
 	Stop  bool `json:"stop,omitempty"`
+	// Intents says Pause and Stop are carried; a state from before they
+	// were (a worker upgrade) has the pause derived from its status.
+	Intents bool `json:"intents,omitempty"`
 }
 
 // TabletWorkflowID is a tablet's workflow ID.
