@@ -26,6 +26,7 @@ import (
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
+	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/tabletd/digest"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/workflows"
@@ -93,6 +94,7 @@ func freePort() int {
 type env struct {
 	t         *testing.T
 	dir       string
+	addr      string // the dev server: the shared one, or the test's own (newEnvOn)
 	taskQueue string
 	tabletd   *testbed.Proc
 	tdAddr    string
@@ -107,7 +109,13 @@ type env struct {
 
 func newEnv(t *testing.T, tabletdArgs ...string) *env {
 	t.Helper()
-	e := &env{t: t, dir: t.TempDir(), taskQueue: "tq-" + strings.ReplaceAll(t.Name(), "/", "-")}
+	return newEnvOn(t, temporalAddr, tabletdArgs...)
+}
+
+// newEnvOn is newEnv against the dev server at addr (see startDevServer).
+func newEnvOn(t *testing.T, addr string, tabletdArgs ...string) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir(), addr: addr, taskQueue: "tq-" + strings.ReplaceAll(t.Name(), "/", "-")}
 	e.tdAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
 	args := append([]string{"serve", "--listen", e.tdAddr, "--log-level", "warn"}, tabletdArgs...)
 	p, err := testbed.Start(filepath.Join(e.dir, "tabletd.log"), filepath.Join(binDir, "tabletd"), args...)
@@ -124,7 +132,7 @@ func newEnv(t *testing.T, tabletdArgs ...string) *env {
 		_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err == nil, fmt.Sprint(err)
 	})
-	c, err := client.Dial(client.Options{HostPort: temporalAddr, Logger: connect.Quiet{}})
+	c, err := client.Dial(client.Options{HostPort: e.addr, Logger: connect.Quiet{}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	e.temporal = c
@@ -145,7 +153,7 @@ func (e *env) startWorker() *testbed.Proc {
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
 	e.metrics = "http://" + metricsAddr + "/metrics"
 	p, err := testbed.Start(filepath.Join(e.dir, fmt.Sprintf("worker-%d.log", n)), filepath.Join(binDir, "worker"),
-		"--address", temporalAddr, "--task-queue", e.taskQueue, "--log-level", "info", "--stop-timeout", "20s",
+		"--address", e.addr, "--task-queue", e.taskQueue, "--log-level", "info", "--stop-timeout", "20s",
 		"--metrics-addr", metricsAddr)
 	require.NoError(e.t, err)
 	e.workers = append(e.workers, p)
@@ -220,10 +228,15 @@ func tabletStatus(st workflows.StreamStatus, id string) workflows.TabletStatus {
 
 // allStreaming is a waitStatus condition: n tablets, all Streaming.
 func allStreaming(n int) func(workflows.StreamStatus) (bool, string) {
+	return inState(n, workflows.Streaming)
+}
+
+// inState is a waitStatus condition: n tablets, all in state.
+func inState(n int, state workflows.State) func(workflows.StreamStatus) (bool, string) {
 	return func(st workflows.StreamStatus) (bool, string) {
 		k := 0
 		for _, t := range st.Tablets {
-			if t.State == workflows.Streaming {
+			if t.State == state {
 				k++
 			}
 		}
@@ -251,10 +264,10 @@ func summary(st workflows.StreamStatus) string {
 	return b.String()
 }
 
-// cli runs the Temporal CLI against the shared dev server.
+// cli runs the Temporal CLI against the env's dev server.
 func (e *env) cli(args ...string) string {
 	e.t.Helper()
-	cmd := exec.Command(temporalCLI, append(args, "--address", temporalAddr)...)
+	cmd := exec.Command(temporalCLI, append(args, "--address", e.addr)...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(e.t, err, "temporal %v: %s", args, out)
 	return string(out)
@@ -298,7 +311,8 @@ func sinkRecords(dir string) uint64 {
 }
 
 // requireExact waits until the sink holds exactly what the stream is due
-// (tabletd's digest: count and hash) and checks it holds no duplicate.
+// (tabletd's digest: count and hash) and checks it holds no duplicate and
+// that positions strictly increase in each tablet's file.
 func (e *env) requireExact(stream, out string, within time.Duration) {
 	e.t.Helper()
 	e.eventually("the sink holds exactly the stream's records", within, func() (bool, string) {
@@ -317,6 +331,37 @@ func (e *env) requireExact(stream, out string, within time.Duration) {
 	got, err := jsonl.DigestDir(out)
 	require.NoError(e.t, err)
 	require.Empty(e.t, got.Duplicates, "no (tablet, position) twice")
+	e.requireOrdered(out)
+}
+
+// requireOrdered checks that within each tablet's JSONL file the
+// committed positions strictly increase: nothing was written twice or
+// behind a later record, across runs, restarts and continue-as-new.
+func (e *env) requireOrdered(out string) {
+	e.t.Helper()
+	lines, err := jsonl.ReadDir(out)
+	require.NoError(e.t, err)
+	require.NotEmpty(e.t, lines, "the sink holds records")
+	for tablet, ls := range lines {
+		var prev source.Checkpoint
+		for i, l := range ls {
+			pos, err := source.ParseCheckpoint(l.Position)
+			require.NoError(e.t, err, "%s line %d", tablet, i+1)
+			require.False(e.t, pos.IsZero(), "%s line %d: no position", tablet, i+1)
+			require.Positive(e.t, pos.Compare(prev), "%s line %d: position %s after %s", tablet, i+1, pos, prev)
+			prev = pos
+		}
+	}
+}
+
+// startDevServer starts a dev server of the test's own (for dynamic
+// config the shared one lacks) and returns its frontend address.
+func startDevServer(t *testing.T, extra ...string) string {
+	t.Helper()
+	s, err := testbed.StartDevServer(temporalCLI, t.TempDir(), extra...)
+	require.NoError(t, err)
+	t.Cleanup(s.Stop)
+	return s.Addr
 }
 
 // eventually polls cond until it holds, failing with what it last saw.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
+	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -279,18 +280,33 @@ func TestSplitUnderLoadHandsOffToTheChildren(t *testing.T) {
 	e.workload(sourcepb.WorkloadRequest_STOP)
 	e.requireExact("split", out, 2*time.Minute)
 
+	// Order per key across the split, by position (not by the source's
+	// commit times): the parent's records end at the hand-off, every child
+	// record comes after it, so a key's parent records precede its child
+	// records.
+	handoff, err := source.ParseCheckpoint(resp.HandoffCheckpoint)
+	require.NoError(t, err)
 	lines, err := jsonl.ReadDir(out)
 	require.NoError(t, err)
-	lastParent := map[string]time.Time{}
+	lastParent := map[string]source.Checkpoint{}
 	for _, l := range lines["t-0002"] {
-		lastParent[l.Table+string(l.Key)] = l.CommitTime
+		pos, err := source.ParseCheckpoint(l.Position)
+		require.NoError(t, err)
+		require.LessOrEqual(t, pos.Compare(handoff), 0, "parent record %s after the hand-off %s", pos, handoff)
+		lastParent[l.Table+string(l.Key)] = pos
 	}
 	moved := 0
 	for _, c := range resp.Children {
+		require.NotEmpty(t, lines[c], c)
+		first, err := source.ParseCheckpoint(lines[c][0].Position)
+		require.NoError(t, err)
+		require.Positive(t, first.Compare(handoff), "%s's first position %s follows the hand-off %s", c, first, handoff)
 		for _, l := range lines[c] {
+			pos, err := source.ParseCheckpoint(l.Position)
+			require.NoError(t, err)
 			if p, ok := lastParent[l.Table+string(l.Key)]; ok {
 				moved++
-				require.False(t, l.CommitTime.Before(p), "key %s: child record before the parent's", l.Key)
+				require.Positive(t, pos.Compare(p), "key %s: child record %s not after the parent's %s", l.Key, pos, p)
 			}
 		}
 	}
