@@ -10,13 +10,13 @@ import (
 
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
-	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
 	"go.uber.org/zap"
 )
 
 // WorkflowDescriber describes workflow executions; client.Client is one.
 type WorkflowDescriber interface {
-	DescribeWorkflowExecution(ctx context.Context, workflowID, runID string) (*workflowservice.DescribeWorkflowExecutionResponse, error)
+	DescribeWorkflow(ctx context.Context, workflowID, runID string) (*client.WorkflowExecutionDescription, error)
 }
 
 // TabletRef names a tablet and its workflow.
@@ -53,7 +53,7 @@ const checkParallel = 8
 // out — never stays "Streaming" in its status.
 func (a *Activities) CheckTablets(ctx context.Context, in CheckTabletsInput) ([]ClosedTablet, error) {
 	d, ok := a.Client.(WorkflowDescriber)
-	if !ok || a.Client == nil {
+	if !ok {
 		a.logger().Warn("check tablets: the Temporal client cannot describe workflows; skipped")
 		return nil, nil
 	}
@@ -90,7 +90,7 @@ func (a *Activities) CheckTablets(ctx context.Context, in CheckTabletsInput) ([]
 func (a *Activities) checkTablet(ctx context.Context, d WorkflowDescriber, ref TabletRef, query string) (*ClosedTablet, error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	resp, err := d.DescribeWorkflowExecution(dctx, ref.WorkflowID, "")
+	desc, err := d.DescribeWorkflow(dctx, ref.WorkflowID, "")
 	var notFound *serviceerror.NotFound
 	if errors.As(err, &notFound) {
 		return &ClosedTablet{Tablet: ref.Tablet, Status: "NotFound"}, nil
@@ -98,7 +98,7 @@ func (a *Activities) checkTablet(ctx context.Context, d WorkflowDescriber, ref T
 	if err != nil {
 		return nil, err
 	}
-	info := resp.GetWorkflowExecutionInfo()
+	info := desc.RawResponse.GetWorkflowExecutionInfo()
 	st := info.GetStatus()
 	if st == enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING || st == enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
 		return nil, nil

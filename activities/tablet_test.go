@@ -34,10 +34,7 @@ func (r *rig) activityEnv(bg context.Context) *testsuite.TestActivityEnvironment
 	var s testsuite.WorkflowTestSuite
 	s.SetLogger(connect.Quiet{})
 	env := s.NewTestActivityEnvironment()
-	opts := worker.Options{Interceptors: []interceptor.WorkerInterceptor{r.spy}}
-	if bg != nil {
-		opts.BackgroundActivityContext = bg
-	}
+	opts := worker.Options{Interceptors: []interceptor.WorkerInterceptor{r.spy}, BackgroundActivityContext: bg}
 	env.SetWorkerOptions(opts)
 	env.RegisterActivity(r.a)
 	return env
@@ -70,7 +67,7 @@ func requireTyped(t *testing.T, err error, typ string) ErrorDetails {
 func TestGetChangesCommitsThenAcksThenHeartbeatsEachBatch(t *testing.T) {
 	r := newRig(t)
 	r.script(batch(1, 3), batch(4, 6))
-	res, err := r.run(r.activityEnv(nil), input())
+	res, err := r.run(r.activityEnv(context.Background()), input())
 	require.NoError(t, err)
 
 	require.Equal(t, []string{
@@ -118,7 +115,7 @@ func TestGetChangesResumesFromTheLatestOfHeartbeatSinkAndInput(t *testing.T) {
 				r.mem.set(testTablet, tt.stored)
 			}
 			r.script(batch(tt.wantFrom.Index+1, tt.wantFrom.Index+2))
-			env := r.activityEnv(nil)
+			env := r.activityEnv(context.Background())
 			if tt.heartbeat != nil {
 				env.SetHeartbeatDetails(*tt.heartbeat)
 			}
@@ -146,7 +143,7 @@ func TestGetChangesReturnsFencedWhenTheCommitIsFenced(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := r.run(r.activityEnv(nil), input())
+	_, err := r.run(r.activityEnv(context.Background()), input())
 
 	d := requireTyped(t, err, ErrFenced)
 	require.ErrorContains(t, err, sink.ErrFenced.Error())
@@ -202,7 +199,7 @@ func TestGetChangesReturnsSinkUnavailableWhenTheSinkCannotTakeWritesNow(t *testi
 
 		in := input()
 		in.Checkpoint = cp(4)
-		_, err = r.run(r.activityEnv(nil), in)
+		_, err = r.run(r.activityEnv(context.Background()), in)
 		d := requireTyped(t, err, ErrSinkUnavailable)
 		require.ErrorContains(t, err, sink.ErrLocked.Error())
 		require.Equal(t, ErrorDetails{Reason: "SINK_LOCKED", Replica: testAlias, Checkpoint: cp(4)}, d)
@@ -217,7 +214,7 @@ func TestGetChangesReturnsSinkUnavailableWhenTheSinkCannotTakeWritesNow(t *testi
 			}
 			return nil
 		}
-		_, err := r.run(r.activityEnv(nil), input())
+		_, err := r.run(r.activityEnv(context.Background()), input())
 		d := requireTyped(t, err, ErrSinkUnavailable)
 		require.Equal(t, ErrorDetails{Reason: "SINK_IO", Replica: testAlias, Checkpoint: cp(3)}, d)
 	})
@@ -282,7 +279,7 @@ func TestGetChangesReturnsSinkFailedWhenTheSinkCannotTakeTheTablet(t *testing.T)
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t)
 			in := input()
-			env := r.activityEnv(nil)
+			env := r.activityEnv(context.Background())
 			tt.setup(t, r, &in, env)
 			_, err := r.run(env, in)
 
@@ -314,7 +311,7 @@ func TestGetChangesReturnsSourceRetrySameErrorsPlain(t *testing.T) {
 		}
 		return source.Batch{}, errSourceDown
 	}
-	_, err := r.run(r.activityEnv(nil), input())
+	_, err := r.run(r.activityEnv(context.Background()), input())
 
 	var appErr *temporal.ApplicationError
 	require.ErrorAs(t, err, &appErr)

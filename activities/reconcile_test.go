@@ -1,0 +1,102 @@
+package activities
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	commonpb "go.temporal.io/api/common/v1"
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
+	workflowpb "go.temporal.io/api/workflow/v1"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
+)
+
+// describer is a fake Temporal client: each workflow ID's latest run's
+// status (absent: not found), and the status query's answer of each.
+type describer struct {
+	status  map[string]enumspb.WorkflowExecutionStatus
+	final   map[string]string
+	failing string // describing this ID fails
+}
+
+func (d *describer) SignalWorkflow(context.Context, string, string, string, any) error { return nil }
+
+func (d *describer) QueryWorkflow(_ context.Context, id, runID, query string, _ ...any) (converter.EncodedValue, error) {
+	if runID != "run-"+id || query != "status" {
+		return nil, errors.New("unexpected query")
+	}
+	f, ok := d.final[id]
+	if !ok {
+		return nil, errors.New("query failed: no worker")
+	}
+	return rawValue(f), nil
+}
+
+func (d *describer) DescribeWorkflow(_ context.Context, id, _ string) (*client.WorkflowExecutionDescription, error) {
+	if id == d.failing {
+		return nil, serviceerror.NewUnavailable("frontend down")
+	}
+	st, ok := d.status[id]
+	if !ok {
+		return nil, serviceerror.NewNotFound("workflow not found")
+	}
+	return &client.WorkflowExecutionDescription{RawResponse: &workflowservice.DescribeWorkflowExecutionResponse{
+		WorkflowExecutionInfo: &workflowpb.WorkflowExecutionInfo{
+			Execution: &commonpb.WorkflowExecution{WorkflowId: id, RunId: "run-" + id}, Status: st,
+		},
+	}}, nil
+}
+
+// rawValue is a query answer holding JSON.
+type rawValue string
+
+func (v rawValue) HasValue() bool { return v != "" }
+func (v rawValue) Get(ptr any) error {
+	return json.Unmarshal([]byte(v), ptr)
+}
+
+func TestCheckTabletsReportsClosedTabletsWithTheirFinalStatus(t *testing.T) {
+	d := &describer{
+		status: map[string]enumspb.WorkflowExecutionStatus{
+			"s/tablet/t-1": enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING,
+			"s/tablet/t-2": enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED,
+			"s/tablet/t-3": enumspb.WORKFLOW_EXECUTION_STATUS_COMPLETED,
+			"s/tablet/t-5": enumspb.WORKFLOW_EXECUTION_STATUS_TIMED_OUT,
+		},
+		final: map[string]string{"s/tablet/t-3": `{"id":"t-3","state":"Split"}`, "s/tablet/t-2": `{"id":"t-2","state":"Streaming"}`},
+	}
+	a := &Activities{Client: d}
+	var refs []TabletRef
+	for _, id := range []string{"t-1", "t-2", "t-3", "t-4", "t-5"} {
+		refs = append(refs, TabletRef{Tablet: id, WorkflowID: "s/tablet/" + id})
+	}
+	got, err := a.CheckTablets(context.Background(), CheckTabletsInput{Tablets: refs, StatusQuery: "status"})
+	require.NoError(t, err)
+	byTablet := map[string]ClosedTablet{}
+	for _, c := range got {
+		byTablet[c.Tablet] = c
+	}
+	// A running tablet is not reported; every other one is, with how it
+	// closed and its last status where a query can read it.
+	require.Equal(t, map[string]ClosedTablet{
+		"t-2": {Tablet: "t-2", Status: "Terminated", Final: json.RawMessage(`{"id":"t-2","state":"Streaming"}`)},
+		"t-3": {Tablet: "t-3", Status: "Completed", Final: json.RawMessage(`{"id":"t-3","state":"Split"}`)},
+		"t-4": {Tablet: "t-4", Status: "NotFound"},
+		"t-5": {Tablet: "t-5", Status: "TimedOut"},
+	}, byTablet)
+}
+
+func TestCheckTabletsFailsWholeWhenADescribeFails(t *testing.T) {
+	d := &describer{status: map[string]enumspb.WorkflowExecutionStatus{"s/tablet/t-1": enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED}, failing: "s/tablet/t-2"}
+	a := &Activities{Client: d}
+	_, err := a.CheckTablets(context.Background(), CheckTabletsInput{Tablets: []TabletRef{
+		{Tablet: "t-1", WorkflowID: "s/tablet/t-1"}, {Tablet: "t-2", WorkflowID: "s/tablet/t-2"},
+	}})
+	// Nothing is decided on a partial picture: the stream tries again.
+	require.ErrorContains(t, err, "frontend down")
+}
