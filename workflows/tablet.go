@@ -30,6 +30,7 @@ var errStreamGone = errors.New("stream workflow is closed")
 func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error {
 	t := &tablet{in: in, st: st, log: workflow.GetLogger(ctx)}
 	t.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
+	t.quietStart = workflow.GetVersion(ctx, changeQuietStart, workflow.DefaultVersion, 1) >= 1
 	if t.st == nil {
 		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
 	}
@@ -56,6 +57,8 @@ type tablet struct {
 	st      *TabletState
 	log     log.Logger
 	version workflow.Version
+	// quietStart: no report at the start of a run (changeQuietStart).
+	quietStart bool
 	// progress: the activity's own signals; commands: the stream's.
 	progress workflow.ReceiveChannel
 	commands workflow.ReceiveChannel
@@ -77,10 +80,13 @@ type tablet struct {
 func (t *tablet) durable() bool { return t.version >= versionDurable }
 
 func (t *tablet) run(ctx workflow.Context) error {
+	t.resend = t.st.Resend
 	t.progress = workflow.GetSignalChannel(ctx, activities.SignalProgress)
 	t.commands = workflow.GetSignalChannel(ctx, SignalTabletCommand)
-	if err := t.report(ctx, true); err != nil {
-		return err
+	if !t.quietStart || t.resend {
+		if err := t.report(ctx, !t.quietStart); err != nil {
+			return err
+		}
 	}
 	for {
 		if t.st.Stop && t.durable() {
@@ -94,6 +100,7 @@ func (t *tablet) run(ctx workflow.Context) error {
 			if err := t.checkReports(ctx, true); err != nil {
 				return err
 			}
+			t.st.Resend = t.resend
 			return workflow.NewContinueAsNewError(ctx, TabletWorkflow, t.in, t.st)
 		}
 		if t.st.Stop {

@@ -168,6 +168,9 @@ type TabletState struct {
 	// Intents says Pause and Stop are carried; a state from before they
 	// were (a worker upgrade) has the pause derived from its status.
 	Intents bool `json:"intents,omitempty"`
+	// Resend: a report was lost (not because the stream is gone); the
+	// next run sends the status at its start.
+	Resend bool `json:"resend,omitempty"`
 }
 
 // TabletWorkflowID is a tablet's workflow ID.
