@@ -152,6 +152,9 @@ func (s *stream) retry(ctx workflow.Context, raw json.RawMessage, apply bool) er
 	if err := validateTablets(req.Tablets, s.st.Tablets); err != nil {
 		return err
 	}
+	if s.st.Stop != nil {
+		return fmt.Errorf("the stream is stopping; retry restarts tablets of a running stream")
+	}
 	for _, id := range req.Tablets {
 		if st := s.st.Tablets[id].State; st != Failed {
 			return fmt.Errorf("tablets: %s is %s; retry restarts Failed tablets", id, st)

@@ -118,13 +118,13 @@ func (s *stream) run(ctx workflow.Context) error {
 	if s.durable() {
 		return s.loop(ctx, actx)
 	}
-	return s.loopV0(ctx, actx, signals)
+	return s.loopV0(ctx, actx)
 }
 
 // loopV0 is the stream's loop as it was before changeDurable, kept for
 // runs recorded with it: the topology read blocks the loop, and
 // continue-as-new is checked before the stop.
-func (s *stream) loopV0(ctx, actx workflow.Context, signals map[string]workflow.ReceiveChannel) error {
+func (s *stream) loopV0(ctx, actx workflow.Context) error {
 	var exclusionEnds expiryTimer
 	for {
 		if err := ctx.Err(); err != nil {
