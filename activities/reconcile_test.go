@@ -14,6 +14,8 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/converter"
+
+	"github.com/tabletflow/tabletflow/source"
 )
 
 // describer is a fake Temporal client: each workflow ID's latest run's
@@ -99,4 +101,16 @@ func TestCheckTabletsFailsWholeWhenADescribeFails(t *testing.T) {
 	}})
 	// Nothing is decided on a partial picture: the stream tries again.
 	require.ErrorContains(t, err, "frontend down")
+}
+
+func TestTopologyOfKeepsTabletsParentsAndEachAliasOnce(t *testing.T) {
+	got := TopologyOf([]source.Tablet{
+		{ID: "t-1", Replicas: []source.Replica{{Alias: "zone2-2", Cell: "zone2", Healthy: true}, {Alias: "zone1-1"}}},
+		{ID: "t-2", Parent: "t-1", Replicas: []source.Replica{{Alias: "zone1-1"}}},
+	})
+	require.Equal(t, Topology{
+		Tablets: []TopologyTablet{{ID: "t-1"}, {ID: "t-2", Parent: "t-1"}},
+		Aliases: []string{"zone1-1", "zone2-2"},
+	}, got)
+	require.Equal(t, Topology{Tablets: []TopologyTablet{}, Aliases: []string{}}, TopologyOf(nil), "empty, never null")
 }

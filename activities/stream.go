@@ -61,6 +61,45 @@ func (a *Activities) ListTablets(ctx context.Context, cfg config.Source) ([]sour
 	return tablets, classified(src, err)
 }
 
+// Topology is what a stream keeps of a listing: its tablets (with their
+// parents) and the aliases of their replicas. It stays small at any scale,
+// where the full listing (every replica's health) passes the server's
+// 2 MB payload limit at a few thousand tablets.
+type Topology struct {
+	Tablets []TopologyTablet `json:"tablets"`
+	Aliases []string         `json:"aliases"`
+}
+
+// TopologyTablet is a tablet in a Topology.
+type TopologyTablet struct {
+	ID     string `json:"id"`
+	Parent string `json:"parent,omitempty"`
+}
+
+// TopologyOf reduces a full listing to a Topology (aliases sorted, once
+// each).
+func TopologyOf(tablets []source.Tablet) Topology {
+	t := Topology{Tablets: make([]TopologyTablet, 0, len(tablets)), Aliases: []string{}}
+	for _, tab := range tablets {
+		t.Tablets = append(t.Tablets, TopologyTablet{ID: tab.ID, Parent: tab.Parent})
+		for _, r := range tab.Replicas {
+			t.Aliases = append(t.Aliases, r.Alias)
+		}
+	}
+	slices.Sort(t.Aliases)
+	t.Aliases = slices.Compact(t.Aliases)
+	return t
+}
+
+// ReadTopology is ListTablets reduced to what the stream keeps (Topology).
+func (a *Activities) ReadTopology(ctx context.Context, cfg config.Source) (Topology, error) {
+	tablets, err := a.ListTablets(ctx, cfg)
+	if err != nil {
+		return Topology{}, err
+	}
+	return TopologyOf(tablets), nil
+}
+
 // QueryExclusions is the stream workflow's query for its operator exclude
 // list, which the picker reads at selection time.
 const QueryExclusions = "exclusions"

@@ -142,16 +142,16 @@ type streamWith struct {
 
 func (w *streamWith) mock(env *testsuite.TestWorkflowEnvironment) {
 	env.OnActivity(a.EnsureStream, mock.Anything, mock.Anything).Return(source.Stream{ID: "orders"}, nil)
-	env.OnActivity(a.ListTablets, mock.Anything, mock.Anything).Return(
-		func(context.Context, config.Source) ([]source.Tablet, error) {
+	env.OnActivity(a.ReadTopology, mock.Anything, mock.Anything).Return(
+		func(context.Context, config.Source) (activities.Topology, error) {
 			w.mu.Lock()
 			defer w.mu.Unlock()
 			i := min(w.listed, len(w.lists)-1)
 			w.listed++
 			if w.lists[i] == nil {
-				return nil, errors.New("UNAVAILABLE: topology down")
+				return activities.Topology{}, errors.New("UNAVAILABLE: topology down")
 			}
-			return w.lists[i], nil
+			return activities.TopologyOf(w.lists[i]), nil
 		})
 	env.OnActivity(a.CheckTablets, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, in activities.CheckTabletsInput) ([]activities.ClosedTablet, error) {

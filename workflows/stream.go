@@ -36,6 +36,9 @@ func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamStat
 	}
 	s := &stream{id: workflow.GetInfo(ctx).WorkflowExecution.ID, raw: cfg, cfg: c, st: state}
 	s.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
+	if s.durable() {
+		s.slimTopology = workflow.GetVersion(ctx, changeSlimTopology, workflow.DefaultVersion, 1) >= 1
+	}
 	if s.st == nil {
 		s.st = &StreamState{Tablets: map[string]*TabletStatus{}}
 		for _, e := range c.Exclude {
@@ -55,7 +58,10 @@ type stream struct {
 	st      *StreamState
 	log     log.Logger
 	version workflow.Version
-	reports workflow.ReceiveChannel
+	// slimTopology: the topology is read with ReadTopology
+	// (changeSlimTopology).
+	slimTopology bool
+	reports      workflow.ReceiveChannel
 	signals map[string]workflow.ReceiveChannel
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
@@ -381,7 +387,7 @@ func (s *stream) refreshV0(ctx, actx workflow.Context) error {
 		s.log.Warn("list tablets failed; retrying at the next refresh", "error", err)
 		return nil
 	}
-	listed := s.learnAliases(tablets)
+	listed := s.learnAliases(activities.TopologyOf(tablets))
 	var start []string
 	for _, t := range tablets {
 		if s.st.Tablets[t.ID] != nil {

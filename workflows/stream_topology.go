@@ -32,8 +32,8 @@ const maxChildrenPerRun = 1000
 
 // topologyRead is what one background topology read found.
 type topologyRead struct {
-	tablets []source.Tablet
-	err     error
+	topology activities.Topology
+	err      error
 	// closed are the tablets whose workflows were found not running.
 	closed   []activities.ClosedTablet
 	checkErr error
@@ -50,7 +50,13 @@ func (s *stream) readTopology(ctx, actx workflow.Context, out workflow.Channel) 
 			StartToCloseTimeout: 10 * time.Second, ScheduleToCloseTimeout: topologyBound, Summary: "list tablets",
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
 		})
-		r.err = workflow.ExecuteActivity(lctx, a.ListTablets, s.cfg.Source).Get(gctx, &r.tablets)
+		if s.slimTopology {
+			r.err = workflow.ExecuteActivity(lctx, a.ReadTopology, s.cfg.Source).Get(gctx, &r.topology)
+		} else {
+			var tablets []source.Tablet
+			r.err = workflow.ExecuteActivity(lctx, a.ListTablets, s.cfg.Source).Get(gctx, &tablets)
+			r.topology = activities.TopologyOf(tablets)
+		}
 		if refs := s.running(); r.err == nil && len(refs) > 0 {
 			cctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
 				StartToCloseTimeout: time.Minute, ScheduleToCloseTimeout: 2 * time.Minute, Summary: fmt.Sprintf("check %d tablet workflows", len(refs)),
@@ -97,26 +103,18 @@ func (s *stream) onTopology(ctx workflow.Context, r topologyRead) time.Duration 
 	} else {
 		s.reconcile(ctx, r.closed)
 	}
-	s.applyListing(ctx, r.tablets)
+	s.applyListing(ctx, r.topology)
 	return s.cfg.TopologyRefresh.D()
 }
 
 // learnAliases records the replicas the listing names (what exclude and
 // include accept) and returns the listed tablet IDs.
-func (s *stream) learnAliases(tablets []source.Tablet) map[string]bool {
+func (s *stream) learnAliases(t activities.Topology) map[string]bool {
 	listed := map[string]bool{}
-	aliases := map[string]bool{}
-	for _, t := range tablets {
-		listed[t.ID] = true
-		for _, r := range t.Replicas {
-			aliases[r.Alias] = true
-		}
+	for _, tab := range t.Tablets {
+		listed[tab.ID] = true
 	}
-	s.st.Aliases = s.st.Aliases[:0]
-	for a := range aliases {
-		s.st.Aliases = append(s.st.Aliases, a)
-	}
-	slices.Sort(s.st.Aliases)
+	s.st.Aliases = slices.Clone(t.Aliases)
 	return listed
 }
 
@@ -126,15 +124,15 @@ func (s *stream) learnAliases(tablets []source.Tablet) map[string]bool {
 // child of a parent that split in this stream (from the parent's
 // hand-off). A child of a parent still being read waits for its split.
 // A stopping stream starts nothing.
-func (s *stream) applyListing(ctx workflow.Context, tablets []source.Tablet) {
-	listed := s.learnAliases(tablets)
+func (s *stream) applyListing(ctx workflow.Context, topo activities.Topology) {
+	listed := s.learnAliases(topo)
 	if s.st.Stop != nil {
 		return
 	}
 	var fresh []string
 	byHandoff := map[source.Checkpoint][]string{}
 	var handoffs []source.Checkpoint
-	for _, t := range tablets {
+	for _, t := range topo.Tablets {
 		if s.st.Tablets[t.ID] != nil {
 			continue
 		}

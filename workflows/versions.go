@@ -23,4 +23,10 @@ const (
 	// continued-as-new changed nothing): one signal less per tablet and
 	// per run, which matters when thousands start at once.
 	changeQuietStart = "quiet-start"
+
+	// changeSlimTopology: the stream reads its topology with ReadTopology
+	// (tablet IDs, parents and aliases) instead of ListTablets (every
+	// replica's health), which passes the 2 MB payload limit at a few
+	// thousand tablets.
+	changeSlimTopology = "slim-topology"
 )

@@ -93,12 +93,12 @@ func (s *startedTablets) mock(env *testsuite.TestWorkflowEnvironment) {
 func TestStreamStartsOneTabletWorkflowPerTabletAndChildrenAfterASplit(t *testing.T) {
 	env := newEnv(t)
 	env.OnActivity(a.EnsureStream, mock.Anything, mock.Anything).Return(source.Stream{ID: "orders"}, nil).Once()
-	env.OnActivity(a.ListTablets, mock.Anything, mock.Anything).Return([]source.Tablet{
+	env.OnActivity(a.ReadTopology, mock.Anything, mock.Anything).Return(activities.TopologyOf([]source.Tablet{
 		{ID: "t-0001"}, {ID: "t-0002"},
 		// A split parent whose children must wait for its split report.
 		{ID: "t-0003", Split: true, Children: []string{"t-0004", "t-0005"}, SplitAt: cp(40)},
 		{ID: "t-0004", Parent: "t-0003"}, {ID: "t-0005", Parent: "t-0003"},
-	}, nil)
+	}), nil)
 	var started startedTablets
 	started.mock(env)
 
@@ -129,7 +129,7 @@ func TestStreamStartsOneTabletWorkflowPerTabletAndChildrenAfterASplit(t *testing
 func TestStreamContinuesAsNewCarryingItsState(t *testing.T) {
 	env := newEnv(t)
 	env.OnActivity(a.EnsureStream, mock.Anything, mock.Anything).Return(source.Stream{ID: "orders"}, nil)
-	env.OnActivity(a.ListTablets, mock.Anything, mock.Anything).Return([]source.Tablet{{ID: "t-0001"}}, nil)
+	env.OnActivity(a.ReadTopology, mock.Anything, mock.Anything).Return(activities.TopologyOf([]source.Tablet{{ID: "t-0001"}}), nil)
 	var started startedTablets
 	started.mock(env)
 	env.RegisterDelayedCallback(func() {
@@ -201,7 +201,7 @@ func TestTabletKeepsItsCheckpointAndReplicaAcrossRunsAndReportsIt(t *testing.T) 
 func TestOneTabletsFailuresDoNotDelayAnothersActivities(t *testing.T) {
 	env := newEnv(t)
 	env.OnActivity(a.EnsureStream, mock.Anything, mock.Anything).Return(source.Stream{ID: "orders"}, nil)
-	env.OnActivity(a.ListTablets, mock.Anything, mock.Anything).Return([]source.Tablet{{ID: "t-bad"}, {ID: "t-good"}}, nil)
+	env.OnActivity(a.ReadTopology, mock.Anything, mock.Anything).Return(activities.TopologyOf([]source.Tablet{{ID: "t-bad"}, {ID: "t-good"}}), nil)
 	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, in activities.SelectReplicaInput) (activities.Selection, error) {
 			return activities.Selection{Replica: replica(in.Tablet, "zone1-0000000101"), Candidates: 1}, nil
