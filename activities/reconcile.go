@@ -32,12 +32,16 @@ type CheckTabletsInput struct {
 	StatusQuery string `json:"statusQuery"`
 }
 
-// ClosedTablet is a tablet whose workflow is not running.
+// ClosedTablet is a tablet whose workflow is not running, or is stuck.
 type ClosedTablet struct {
 	Tablet string `json:"tablet"`
 	// Status is how its latest run closed ("Completed", "Terminated",
-	// "TimedOut", "Failed", "Canceled", or "NotFound").
-	Status string `json:"status"`
+	// "TimedOut", "Failed", "Canceled", or "NotFound"), or TaskFailing: it
+	// runs, but its workflow task has failed TaskAttempts times in a row
+	// (a panic in workflow code, a non-determinism after an upgrade), so
+	// it is stuck where it is.
+	Status       string `json:"status"`
+	TaskAttempts int32  `json:"taskAttempts,omitempty"`
 	// Final is the closed run's last status (its status query), when it
 	// could be read: a terminal report the stream never received is in it.
 	Final json.RawMessage `json:"final,omitempty"`
@@ -45,6 +49,13 @@ type ClosedTablet struct {
 
 // checkParallel bounds the describe calls CheckTablets runs at once.
 const checkParallel = 8
+
+// TaskFailing is ClosedTablet.Status of a tablet whose workflow task has
+// failed at least taskFailingAttempts times in a row.
+const (
+	TaskFailing         = "TaskFailing"
+	taskFailingAttempts = 3
+)
 
 // CheckTablets describes each tablet's workflow (its latest run) and
 // returns those that are not running, with their final status where it
@@ -101,6 +112,9 @@ func (a *Activities) checkTablet(ctx context.Context, d WorkflowDescriber, ref T
 	info := desc.RawResponse.GetWorkflowExecutionInfo()
 	st := info.GetStatus()
 	if st == enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING || st == enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
+		if n := desc.RawResponse.GetPendingWorkflowTask().GetAttempt(); n >= taskFailingAttempts {
+			return &ClosedTablet{Tablet: ref.Tablet, Status: TaskFailing, TaskAttempts: n}, nil
+		}
 		return nil, nil
 	}
 	c := &ClosedTablet{Tablet: ref.Tablet, Status: closeStatus(st)}

@@ -22,6 +22,7 @@ import (
 // status (absent: not found), and the status query's answer of each.
 type describer struct {
 	status  map[string]enumspb.WorkflowExecutionStatus
+	attempt map[string]int32 // the pending workflow task's attempt
 	final   map[string]string
 	failing string // describing this ID fails
 }
@@ -51,6 +52,7 @@ func (d *describer) DescribeWorkflow(_ context.Context, id, _ string) (*client.W
 		WorkflowExecutionInfo: &workflowpb.WorkflowExecutionInfo{
 			Execution: &commonpb.WorkflowExecution{WorkflowId: id, RunId: "run-" + id}, Status: st,
 		},
+		PendingWorkflowTask: &workflowpb.PendingWorkflowTaskInfo{Attempt: d.attempt[id]},
 	}}, nil
 }
 
@@ -69,12 +71,16 @@ func TestCheckTabletsReportsClosedTabletsWithTheirFinalStatus(t *testing.T) {
 			"s/tablet/t-2": enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED,
 			"s/tablet/t-3": enumspb.WORKFLOW_EXECUTION_STATUS_COMPLETED,
 			"s/tablet/t-5": enumspb.WORKFLOW_EXECUTION_STATUS_TIMED_OUT,
+			"s/tablet/t-6": enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING,
+			"s/tablet/t-7": enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING,
 		},
-		final: map[string]string{"s/tablet/t-3": `{"id":"t-3","state":"Split"}`, "s/tablet/t-2": `{"id":"t-2","state":"Streaming"}`},
+		// t-6's workflow task keeps failing (a panic); t-7's failed once.
+		attempt: map[string]int32{"s/tablet/t-6": 5, "s/tablet/t-7": 2},
+		final:   map[string]string{"s/tablet/t-3": `{"id":"t-3","state":"Split"}`, "s/tablet/t-2": `{"id":"t-2","state":"Streaming"}`},
 	}
 	a := &Activities{Client: d}
 	var refs []TabletRef
-	for _, id := range []string{"t-1", "t-2", "t-3", "t-4", "t-5"} {
+	for _, id := range []string{"t-1", "t-2", "t-3", "t-4", "t-5", "t-6", "t-7"} {
 		refs = append(refs, TabletRef{Tablet: id, WorkflowID: "s/tablet/" + id})
 	}
 	got, err := a.CheckTablets(context.Background(), CheckTabletsInput{Tablets: refs, StatusQuery: "status"})
@@ -90,6 +96,7 @@ func TestCheckTabletsReportsClosedTabletsWithTheirFinalStatus(t *testing.T) {
 		"t-3": {Tablet: "t-3", Status: "Completed", Final: json.RawMessage(`{"id":"t-3","state":"Split"}`)},
 		"t-4": {Tablet: "t-4", Status: "NotFound"},
 		"t-5": {Tablet: "t-5", Status: "TimedOut"},
+		"t-6": {Tablet: "t-6", Status: TaskFailing, TaskAttempts: 5},
 	}, byTablet)
 }
 

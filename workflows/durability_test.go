@@ -477,3 +477,26 @@ func TestTabletsFirstReportSaysStreamingNotStarting(t *testing.T) {
 	require.Equal(t, Streaming, reports[0].State)
 	require.Equal(t, int64(1), reports[0].Seq)
 }
+
+func TestStreamSaysWhenATabletsWorkflowTaskKeepsFailing(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{
+		lists:  [][]source.Tablet{{{ID: "t-0001"}}},
+		closed: [][]activities.ClosedTablet{{{Tablet: "t-0001", Status: activities.TaskFailing, TaskAttempts: 7}}},
+	}
+	w.mock(env)
+	var r tabletRunner
+	r.mock(env)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Seq: 1, Updated: env.Now()})
+	}, 5*time.Second)
+	var st StreamStatus
+	env.RegisterDelayedCallback(func() { st = queryStatus(t, env); env.CancelWorkflow() }, 15*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	// A stuck tablet workflow is running: nothing to restart, but its row
+	// no longer looks healthy.
+	require.Len(t, r.starts, 1)
+	require.Equal(t, Streaming, st.Tablets[0].State)
+	require.Contains(t, st.Tablets[0].Reason, "workflow task keeps failing (attempt 7)")
+}

@@ -62,7 +62,7 @@ type stream struct {
 	// (changeSlimTopology).
 	slimTopology bool
 	reports      workflow.ReceiveChannel
-	signals map[string]workflow.ReceiveChannel
+	signals      map[string]workflow.ReceiveChannel
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.

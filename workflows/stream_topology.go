@@ -190,6 +190,13 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 		if prev == nil || terminal(prev.State) {
 			continue // its terminal report came meanwhile
 		}
+		if c.Status == activities.TaskFailing {
+			// Running but stuck: nothing the stream can restart. Said in its
+			// row, so it does not look healthy.
+			prev.Reason = fmt.Sprintf("its workflow task keeps failing (attempt %d): a bug in the worker or a non-determinism after an upgrade; "+
+				"fix the worker, or terminate the tablet workflow to have it restarted from its checkpoint", c.TaskAttempts)
+			continue
+		}
 		var final *TabletStatus
 		if len(c.Final) > 0 {
 			var f TabletStatus
