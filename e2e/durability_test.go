@@ -469,15 +469,15 @@ func TestStreamTakesCommandsWhileTheTopologyIsDown(t *testing.T) {
 	require.Equal(t, codes.Unavailable, status.Code(err), "the topology is down")
 	atFault := sinkRecords(out)
 
-	// The stream is inside a failing topology read (a ListTablets past its
+	// The stream is inside a failing topology read (a ReadTopology past its
 	// first attempt): a loop blocked on that read would take no signal now.
 	e.eventually("the stream's topology read is failing", 15*time.Second, func() (bool, string) {
 		for _, a := range e.describe(stream, "").PendingActivities {
-			if a.GetActivityType().GetName() == "ListTablets" && a.GetAttempt() >= 2 {
+			if name := a.GetActivityType().GetName(); (name == "ReadTopology" || name == "ListTablets") && a.GetAttempt() >= 2 {
 				return true, ""
 			}
 		}
-		return false, "no ListTablets retrying"
+		return false, "no topology read retrying"
 	})
 	e.signal(stream, "exclude", fmt.Sprintf(`{"aliases": [%q], "reason": "excluded during the outage"}`, alias))
 	st = e.waitStatus(stream, "the exclusion shows at once", 5*time.Second, func(st workflows.StreamStatus) (bool, string) {

@@ -37,6 +37,13 @@ var recorded = map[string]recording{
 	"tablet-durable-restarted.json":        {"restart/tablet/t-0002", "c3e2853d5c58c6b373a91372cb57ce457a0a7748b6dfb0ac58a54df37478a261"},
 	"stream-durable-topology-down.json":    {"topodown", "42c8ac0fe20827b9213dd7c407d98821cc66c92664a5fce68c4729cb919c8036"},
 	"tablet-durable-topology-down.json":    {"topodown/tablet/t-0001", "7d092a9d55926b97e84af9319a0b752b5345d5edf44a5f49c12b8b0654b8e5e1"},
+	// With changeDurable, changeQuietStart and changeSlimTopology.
+	"stream-slim-stopped.json":          {"stopme", "95e2fde519a88ce7f0a64c26d086c80f9b5428b60085caf17a06b35c40744684"},
+	"tablet-slim-stopped.json":          {"stopme/tablet/t-0001", "f251f1b9c51dc53421962c915b6f04b90f820adda6ecb7b7c44f89aa7d32e399"},
+	"stream-slim-restarted-tablet.json": {"restart", "8e816d71eaa174f6aede60401bb134da4cd05cfce501826982671eff37c2f63f"},
+	"tablet-slim-restarted.json":        {"restart/tablet/t-0002", "f492d47cfa0bdb2b208bfa0078dc48feb26df3bb8e9b45be1f054cba0c0c88af"},
+	"stream-slim-topology-down.json":    {"topodown", "f54e40e615fbaea3ea5b6c283a21325cf170d1496dc8293533aee5c9a88cacef"},
+	"tablet-slim-topology-down.json":    {"topodown/tablet/t-0001", "f963256584fb3a33d2752034b2875d0f7c9aa92a6ed23206469cf360034be135"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file
