@@ -15,7 +15,7 @@ STATICCHECK_VERSION := v0.8.2
 
 BINARIES := tabletd worker starter
 
-.PHONY: all build test bench soak proto lint demo stop tools clean
+.PHONY: all build test bench bench-full soak proto lint demo stop tools clean
 
 all: build
 
@@ -31,6 +31,10 @@ bench: build $(BIN)/temporal ## benchmarks; results into bench/results
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
 	go run ./bench/throughput --bin $(BIN) --out bench/results/throughput.json
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
+
+bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams (~15 min); bench/results/scale.json
+	mkdir -p bench/results
+	go run ./bench/scale --bin $(BIN) --tablets 5000 --out bench/results/scale.json
 
 soak: build ## tabletd memory soak: 64 tablets × 3 replicas, 20k records/s, 10 minutes
 	mkdir -p bench/results

@@ -63,6 +63,10 @@ func DefaultConfig() Config {
 	}
 }
 
+// maxTablets bounds Config.Tablets: IDs t-0001…t-9999 keep four digits
+// (and their order); bench/scale runs 5000.
+const maxTablets = 9999
+
 // Validate checks a config, naming the field at fault.
 func (c Config) Validate() error {
 	switch {
@@ -72,8 +76,8 @@ func (c Config) Validate() error {
 		return errors.New("cells: must not be empty")
 	case c.ServersPerCell < 1 || c.ServersPerCell > 99:
 		return fmt.Errorf("servers-per-cell: %d not in [1, 99]", c.ServersPerCell)
-	case c.Tablets < 1 || c.Tablets > 4096:
-		return fmt.Errorf("tablets: %d not in [1, 4096]", c.Tablets)
+	case c.Tablets < 1 || c.Tablets > maxTablets:
+		return fmt.Errorf("tablets: %d not in [1, %d]", c.Tablets, maxTablets)
 	case c.Replicas < 1 || c.Replicas > len(c.Cells)*c.ServersPerCell:
 		return fmt.Errorf("replicas: %d not in [1, cells × servers-per-cell = %d]", c.Replicas, len(c.Cells)*c.ServersPerCell)
 	case c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0):
