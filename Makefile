@@ -32,7 +32,7 @@ bench: build $(BIN)/temporal ## benchmarks; results into bench/results
 	go run ./bench/throughput --bin $(BIN) --out bench/results/throughput.json
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
 
-bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams (~15 min); bench/results/scale.json
+bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams, then 5 min steady (~30 min); bench/results/scale.json
 	mkdir -p bench/results
 	go run ./bench/scale --bin $(BIN) --tablets 5000 --out bench/results/scale.json
 

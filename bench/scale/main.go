@@ -60,6 +60,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source/tabletd"
@@ -117,10 +118,13 @@ type result struct {
 	TabletWorkflow      string           `json:"tablet_workflow"`
 	TabletEvents        int64            `json:"tablet_history_events"`
 	TabletEventsPerType map[string]int64 `json:"tablet_history_events_by_type"`
-	// ListTabletsBytes is the ListTablets activity's result as JSON (the
-	// SDK's encoding): it goes into the stream's history, and the server
-	// refuses a payload above its blob size limit (2 MiB by default).
-	ListTabletsBytes int `json:"list_tablets_result_bytes"`
+	// ReadTopologyBytes is what one topology read (the ReadTopology
+	// activity's result, JSON as the SDK encodes it) adds to the stream's
+	// history; FullListingBytes is the full listing with every replica
+	// (ListTablets). The server refuses a payload above its blob size
+	// limit (2 MiB by default).
+	ReadTopologyBytes int `json:"read_topology_result_bytes"`
+	FullListingBytes  int `json:"full_listing_bytes"`
 
 	// Memory, MiB. The base is the idle worker before the stream starts;
 	// per tablet is (RSS at the end − base) / tablets, in KiB.
@@ -313,12 +317,10 @@ func run() error {
 	cfg = []byte(strings.Replace(string(cfg), `"TABLETD"`, strconv.Quote(b.tdAddr), 1))
 	res.Setup.StreamConfig = cfg
 
-	if n, err := b.listTabletsBytes(ctx); err != nil {
+	if res.FullListingBytes, res.ReadTopologyBytes, err = b.topologyBytes(ctx); err != nil {
 		return err
-	} else {
-		res.ListTabletsBytes = n
-		logf("ListTablets result: %d tablets, %d bytes as JSON", *tablets, n)
 	}
+	logf("topology of %d tablets as JSON: %d bytes (ReadTopology), %d bytes (full listing)", *tablets, res.ReadTopologyBytes, res.FullListingBytes)
 
 	logf("starting the worker: --max-concurrent-activities %d --pollers %d", maxAct, *pollers)
 	if err := b.startWorker(ctx, ds.Addr, maxAct, *pollers); err != nil {
@@ -738,20 +740,24 @@ func spreadOf(v []float64) spread {
 	return spread{N: len(v), Median: q(0.5), P90: q(0.9), Max: round(v[len(v)-1]), Sum: round(sum)}
 }
 
-// listTabletsBytes is the size of what the ListTablets activity returns,
-// as the SDK encodes it (JSON).
-func (b *bench) listTabletsBytes(ctx context.Context) (int, error) {
+// topologyBytes is the size of the full listing and of what the
+// ReadTopology activity returns, as the SDK encodes them (JSON).
+func (b *bench) topologyBytes(ctx context.Context) (full, slim int, err error) {
 	src, err := tabletd.Dial(b.tdAddr, keyspace)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer src.Close()
 	tablets, err := src.ListTablets(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	data, err := json.Marshal(tablets)
-	return len(data), err
+	f, err := json.Marshal(tablets)
+	if err != nil {
+		return 0, 0, err
+	}
+	s, err := json.Marshal(activities.TopologyOf(tablets))
+	return len(f), len(s), err
 }
 
 func (b *bench) startTabletd(ctx context.Context, tablets, replicas int, rate float64) error {
