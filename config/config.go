@@ -20,16 +20,20 @@ import (
 
 // Stream is a stream's configuration (DESIGN.md "Contract examples").
 type Stream struct {
-	Source          Source      `json:"source"`
-	Sink            Sink        `json:"sink"`
-	StartFrom       string      `json:"startFrom,omitempty"`
-	Selection       Selection   `json:"selection"`
-	Retry           Retry       `json:"retry"`
-	AutoExcludeTTL  Duration    `json:"autoExcludeTTL,omitempty"`
-	Batch           Batch       `json:"batch"`
-	Run             Run         `json:"run"`
-	TopologyRefresh Duration    `json:"topologyRefresh,omitempty"`
-	Exclude         ExcludeList `json:"exclude,omitempty"`
+	Source          Source    `json:"source"`
+	Sink            Sink      `json:"sink"`
+	StartFrom       string    `json:"startFrom,omitempty"`
+	Selection       Selection `json:"selection"`
+	Retry           Retry     `json:"retry"`
+	AutoExcludeTTL  Duration  `json:"autoExcludeTTL,omitempty"`
+	Batch           Batch     `json:"batch"`
+	Run             Run       `json:"run"`
+	TopologyRefresh Duration  `json:"topologyRefresh,omitempty"`
+	// ReportRate bounds the tablets' reports to the stream workflow, in
+	// signals per second for the whole stream, however many tablets
+	// change state at once.
+	ReportRate float64     `json:"reportRate,omitempty"`
+	Exclude    ExcludeList `json:"exclude,omitempty"`
 }
 
 // Source names the database to read. Secrets never go here: a credential
@@ -117,6 +121,15 @@ var (
 	DefaultBatch           = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond)}
 	DefaultRun             = Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
+	DefaultReportRate      = 100.0
+)
+
+// Bounds of ReportRate: below one report a second a stream of thousands of
+// tablets would take hours to show a mass state change; above 10,000 the
+// bound stops protecting the stream's history.
+const (
+	MinReportRate = 1.0
+	MaxReportRate = 10000.0
 )
 
 // Limits on values.
@@ -240,6 +253,9 @@ func (s *Stream) Defaults() {
 	if s.TopologyRefresh == 0 {
 		s.TopologyRefresh = Duration(DefaultTopologyRefresh)
 	}
+	if s.ReportRate == 0 {
+		s.ReportRate = DefaultReportRate
+	}
 }
 
 // ValidAlias reports whether s looks like a replica alias, <cell>-<uid>.
@@ -285,6 +301,9 @@ func (s *Stream) Validate() error {
 		// Each refresh lists every tablet of the keyspace; a timer of zero or
 		// less would re-list in a tight loop.
 		return fieldErr("topologyRefresh", "%v: must be at least 1s", s.TopologyRefresh)
+	}
+	if !(s.ReportRate >= MinReportRate && s.ReportRate <= MaxReportRate) {
+		return fieldErr("reportRate", "%v: want %v to %v reports per second", s.ReportRate, MinReportRate, MaxReportRate)
 	}
 	for i, e := range s.Exclude {
 		if err := e.Validate(fmt.Sprintf("exclude[%d]", i)); err != nil {

@@ -58,6 +58,7 @@ func TestDecodeAcceptsTheDesignExample(t *testing.T) {
 		Batch:           Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond)},
 		Run:             Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)},
 		TopologyRefresh: Duration(time.Minute),
+		ReportRate:      100,
 		Exclude:         ExcludeList{{Alias: "zone2-0000000201", Reason: "maintenance", TTL: Duration(2 * time.Hour)}},
 	}
 	require.Equal(t, want, got)
@@ -89,6 +90,7 @@ func TestDecodeFillsDocumentedDefaultsForAMinimalConfig(t *testing.T) {
 		{name: "batch", got: got.Batch, want: DefaultBatch},
 		{name: "run", got: got.Run, want: DefaultRun},
 		{name: "topologyRefresh", got: got.TopologyRefresh.D(), want: DefaultTopologyRefresh},
+		{name: "reportRate", got: got.ReportRate, want: DefaultReportRate},
 		// No exclusions.
 		{name: "exclude", got: got.Exclude, want: ExcludeList(nil)},
 	}
@@ -252,6 +254,10 @@ func TestDecodeRejectsBadConfigsNamingTheField(t *testing.T) {
 		// ... which also holds against the default maxWait (500ms).
 		{name: "heartbeatTimeout below twice default maxWait", in: minimal(`"batch": {"maxWait": "1s"}, "run": {"heartbeatTimeout": "1s"}`),
 			wantPrefix: "run.heartbeatTimeout:"},
+		// Reports paced slower than one a second, or not at all.
+		{name: "reportRate below 1", in: minimal(`"reportRate": 0.5`), wantPrefix: "reportRate: 0.5: want 1 to 10000"},
+		{name: "negative reportRate", in: minimal(`"reportRate": -3`), wantPrefix: "reportRate: -3:"},
+		{name: "reportRate above 10000", in: minimal(`"reportRate": 20000`), wantPrefix: "reportRate: 20000:"},
 		// An exclude entry without alias.
 		{name: "exclude without alias", in: minimal(`"exclude": [{"reason": "x"}]`), wantPrefix: "exclude[0].alias: must not be empty"},
 		// An alias not of the form <cell>-<uid>; the index is the entry's.
@@ -292,6 +298,11 @@ func TestDecodeAcceptsBoundaryValues(t *testing.T) {
 		// The shortest topology refresh.
 		{name: "topologyRefresh of 1s", extra: `"topologyRefresh": "1s"`,
 			check: func(t *testing.T, s Stream) { require.Equal(t, time.Second, s.TopologyRefresh.D()) }},
+		// The slowest and fastest report pace.
+		{name: "reportRate of 1", extra: `"reportRate": 1`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, 1.0, s.ReportRate) }},
+		{name: "reportRate of 10000", extra: `"reportRate": 10000`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, MaxReportRate, s.ReportRate) }},
 		// A coefficient of 1 is constant backoff.
 		{name: "backoffCoefficient 1", extra: `"retry": {"backoffCoefficient": 1}`,
 			check: func(t *testing.T, s Stream) { require.Equal(t, 1.0, s.Retry.BackoffCoefficient) }},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"go.temporal.io/api/enums/v1"
 	historypb "go.temporal.io/api/history/v1"
 	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/converter"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -550,4 +552,113 @@ func sinkRecordsOf(dir, tablet string) uint64 {
 		return 0
 	}
 	return r.Tablets[tablet].Records
+}
+
+// 4. Reports are paced: when every tablet of a stream changes state at
+// once, the stream receives their reports spread over the window of
+// tablets/reportRate (each tablet in a slot of its own), not all at once;
+// every tablet's Paused still arrives, and the stop after it completes
+// the stream with every tablet Stopped.
+func TestAPauseOfEveryTabletReachesTheStreamPaced(t *testing.T) {
+	const tablets, rate = 48, 4.0 // a window of 12 s
+	window := time.Duration(tablets / rate * float64(time.Second))
+	e := newEnv(t, "--tablets", fmt.Sprint(tablets), "--rate", "200")
+	e.startWorker()
+	out := filepath.Join(e.dir, "out")
+	const stream = "paced"
+	e.startStream(stream, e.config(out, map[string]any{"reportRate": rate, "topologyRefresh": "5s"}))
+	e.waitStatus(stream, "every tablet streaming", 2*time.Minute, allStreaming(tablets))
+
+	e.signal(stream, "pause", `{}`)
+	e.waitStatus(stream, "every tablet paused", 2*time.Minute, inState(tablets, workflows.Paused))
+
+	// The reports the stream received after the pause, from every run.
+	type report struct {
+		at     time.Time
+		status workflows.TabletStatus
+	}
+	var paused []report
+	var all = map[string][]time.Time{}
+	var pausedAt time.Time
+	for _, run := range e.runsOf(stream) {
+		for _, ev := range e.history(stream, run) {
+			a := ev.GetWorkflowExecutionSignaledEventAttributes()
+			if a == nil {
+				continue
+			}
+			if a.GetSignalName() == workflows.CmdPause && pausedAt.IsZero() {
+				pausedAt = ev.GetEventTime().AsTime()
+			}
+			if a.GetSignalName() != workflows.SignalTabletReport || pausedAt.IsZero() {
+				continue
+			}
+			var ts workflows.TabletStatus
+			require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &ts))
+			at := ev.GetEventTime().AsTime()
+			all[ts.ID] = append(all[ts.ID], at)
+			if ts.State == workflows.Paused {
+				paused = append(paused, report{at, ts})
+			}
+		}
+	}
+	require.False(t, pausedAt.IsZero(), "the stream received the pause")
+	seen := map[string]bool{}
+	for _, r := range paused {
+		seen[r.status.ID] = true
+	}
+	require.Len(t, seen, tablets, "every tablet reported Paused")
+	first, last := paused[0].at, paused[len(paused)-1].at
+	busiest := 0
+	for i, r := range paused {
+		n := 0
+		for _, s := range paused[i:] {
+			if s.at.Sub(r.at) < time.Second {
+				n++
+			}
+		}
+		busiest = max(busiest, n)
+	}
+	t.Logf("%d Paused reports over %v (window %v), at most %d in one second; first %v after the pause",
+		len(paused), last.Sub(first), window, busiest, first.Sub(pausedAt))
+	require.LessOrEqual(t, busiest, tablets/2, "at most half the tablets report in any one second (about %v are expected)", rate)
+	// Each report reached the stream just after its tablet's slot: the
+	// offset within the window from an FNV-1a hash of the tablet's ID
+	// (workflows.paceDelay), plus the time a workflow task and a signal
+	// take. Unpaced reports would land anywhere in the window.
+	late, inSlot := []string{}, 0
+	reports := 0
+	for id, times := range all {
+		h := fnv.New64a()
+		h.Write([]byte(id))
+		offset := int64(h.Sum64() % uint64(window))
+		for i, at := range times {
+			reports++
+			lag := time.Duration(((at.UnixNano()-offset)%int64(window) + int64(window)) % int64(window))
+			if lag < 2*time.Second {
+				inSlot++
+			} else {
+				late = append(late, fmt.Sprintf("%s#%d +%v", id, i, lag.Round(time.Millisecond)))
+			}
+			if i > 0 {
+				require.GreaterOrEqual(t, at.Sub(times[i-1]), window/4, "tablet %s reported twice within %v", id, at.Sub(times[i-1]))
+			}
+		}
+	}
+	t.Logf("%d of %d reports within 2s after their tablet's slot; the others: %v", inSlot, reports, late)
+	require.GreaterOrEqual(t, float64(inSlot), 0.9*float64(reports), "reports arrive in their tablets' slots")
+
+	e.workload(sourcepb.WorkloadRequest_STOP)
+	e.signal(stream, "resume", `{}`)
+	e.requireExact(stream, out, 2*time.Minute)
+	e.signal(stream, "stop", `{}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, e.temporal.GetWorkflow(ctx, stream, "").Get(ctx, nil), "the stream completes")
+	st, err := e.status(stream)
+	require.NoError(t, err)
+	ok, states := inState(tablets, workflows.Stopped)(st)
+	require.True(t, ok, "every tablet Stopped: %s", states)
+
+	e.recordHistory(stream, "", "stream-paced-stopped")
+	e.recordHistory(workflows.TabletWorkflowID(stream, "t-0001"), "", "tablet-paced-stopped")
 }

@@ -44,6 +44,9 @@ var recorded = map[string]recording{
 	"tablet-slim-restarted.json":        {"restart/tablet/t-0002", "f492d47cfa0bdb2b208bfa0078dc48feb26df3bb8e9b45be1f054cba0c0c88af"},
 	"stream-slim-topology-down.json":    {"topodown", "f54e40e615fbaea3ea5b6c283a21325cf170d1496dc8293533aee5c9a88cacef"},
 	"tablet-slim-topology-down.json":    {"topodown/tablet/t-0001", "f963256584fb3a33d2752034b2875d0f7c9aa92a6ed23206469cf360034be135"},
+	// With changePacedReports: reports go out from the tablet's pacer.
+	"stream-paced-stopped.json": {"paced", "8b3ec0be8fb498e998def7ef9327815c6b2ee19c258a4281866a4356047a1fff"},
+	"tablet-paced-stopped.json": {"paced/tablet/t-0001", "3797508722e526af32635f0f20feee156786b1db51a28a1cb53f800d3a81fcf6"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

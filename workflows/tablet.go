@@ -31,6 +31,7 @@ func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error
 	t := &tablet{in: in, st: st, log: workflow.GetLogger(ctx)}
 	t.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
 	t.quietStart = workflow.GetVersion(ctx, changeQuietStart, workflow.DefaultVersion, 1) >= 1
+	t.paced = workflow.GetVersion(ctx, changePacedReports, workflow.DefaultVersion, 1) >= 1
 	if t.st == nil {
 		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
 	}
@@ -59,6 +60,11 @@ type tablet struct {
 	version workflow.Version
 	// quietStart: no report at the start of a run (changeQuietStart).
 	quietStart bool
+	// paced: reports go out from the pacer (changePacedReports); due says
+	// one is wanted, gone that the pacer found the stream closed.
+	paced bool
+	due   bool
+	gone  error
 	// progress: the activity's own signals; commands: the stream's.
 	progress workflow.ReceiveChannel
 	commands workflow.ReceiveChannel
@@ -83,6 +89,9 @@ func (t *tablet) run(ctx workflow.Context) error {
 	t.resend = t.st.Resend
 	t.progress = workflow.GetSignalChannel(ctx, activities.SignalProgress)
 	t.commands = workflow.GetSignalChannel(ctx, SignalTabletCommand)
+	if t.paced {
+		workflow.Go(ctx, t.pace)
+	}
 	if !t.quietStart || t.resend {
 		if err := t.report(ctx, !t.quietStart); err != nil {
 			return err
@@ -100,7 +109,7 @@ func (t *tablet) run(ctx workflow.Context) error {
 			if err := t.checkReports(ctx, true); err != nil {
 				return err
 			}
-			t.st.Resend = t.resend
+			t.st.Resend = t.resend || t.due
 			return workflow.NewContinueAsNewError(ctx, TabletWorkflow, t.in, t.st)
 		}
 		if t.st.Stop {

@@ -3,11 +3,14 @@ package workflows
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/config"
 )
 
 // finalReportTries bounds how often a terminal report that failed for a
@@ -32,17 +35,31 @@ func (t *tablet) setState(ctx workflow.Context, state State, replica, reason str
 	return t.report(ctx, true)
 }
 
-// report signals the tablet's status to its stream: at once when forced
-// (a state change) or when an earlier report was lost, otherwise at most
+// report signals the tablet's status to its stream: soon when forced (a
+// state change) or when an earlier report was lost, otherwise at most
 // every max(60s, tablets × 0.5s). A closed stream ends the tablet
-// (errStreamGone).
+// (errStreamGone). With paced reports the pacer sends it (see pace); a
+// terminal report is awaited, sent and confirmed before the tablet ends.
 func (t *tablet) report(ctx workflow.Context, force bool) error {
 	now := workflow.Now(ctx)
 	t.st.Status.Updated = now
 	workflow.SetCurrentDetails(ctx, t.details())
 	interval := max(60*time.Second, time.Duration(t.in.Tablets)*500*time.Millisecond)
 	if !force && !t.resend && now.Sub(t.st.LastReport) < interval {
-		return nil
+		return t.gone
+	}
+	if t.paced {
+		t.due = true
+		if t.gone != nil || !terminal(t.st.Status.State) {
+			return t.gone
+		}
+		if err := workflow.Await(ctx, func() bool { return !t.due || t.gone != nil }); err != nil {
+			return err
+		}
+		if t.gone != nil {
+			return t.gone
+		}
+		return t.confirmFinal(ctx)
 	}
 	t.st.LastReport = now
 	// The signal is not awaited: the next run starts at once, and a busy
@@ -58,8 +75,13 @@ func (t *tablet) report(ctx workflow.Context, force bool) error {
 	if !t.durable() {
 		return t.checkReports(ctx, true)
 	}
-	// The last report is the stream's only word of how the tablet ended:
-	// make sure it arrived.
+	return t.confirmFinal(ctx)
+}
+
+// confirmFinal makes sure the terminal report just sent arrived: it is the
+// stream's only word of how the tablet ended. After finalReportTries the
+// tablet ends anyway (the stream's reconcile reads the closed workflow).
+func (t *tablet) confirmFinal(ctx workflow.Context) error {
 	backoff := minBackoff
 	for try := 1; ; try++ {
 		if err := t.checkReports(ctx, true); err != nil || !t.resend {
@@ -75,6 +97,67 @@ func (t *tablet) report(ctx workflow.Context, force bool) error {
 		backoff = min(2*backoff, maxBackoff)
 		t.send(ctx)
 	}
+}
+
+// pace is the tablet's reporter (a workflow goroutine, changePacedReports):
+// when a report is due it waits for the tablet's next turn (paceDelay) and
+// sends the status as it is then, so state changes made meanwhile go out
+// as one report. The outcome of earlier reports is checked before each
+// send; the stream being gone is left in t.gone for the run loop.
+func (t *tablet) pace(ctx workflow.Context) {
+	for {
+		if err := workflow.Await(ctx, func() bool { return t.due }); err != nil {
+			return
+		}
+		if d := paceDelay(t.in.Tablet, t.paceWindow(), t.st.LastReport, workflow.Now(ctx)); d > 0 {
+			if err := workflow.Sleep(ctx, d); err != nil {
+				return
+			}
+		}
+		t.due = false
+		t.st.LastReport = workflow.Now(ctx)
+		if err := t.checkReports(ctx, false); err != nil {
+			t.gone = err
+			return
+		}
+		t.send(ctx)
+	}
+}
+
+// paceWindow is the least time between two reports of one tablet: the
+// stream's tablets over its reportRate, so that all of them together send
+// at most reportRate reports a second.
+func (t *tablet) paceWindow() time.Duration {
+	rate := t.in.Config.ReportRate
+	if rate <= 0 { // a tablet started by a stream from before reportRate
+		rate = config.DefaultReportRate
+	}
+	return time.Duration(float64(max(t.in.Tablets, 1)) / rate * float64(time.Second))
+}
+
+// paceDelay is how long a tablet whose last report went out at last waits,
+// at now, before its next one, for a window between reports:
+//   - a window under a second (fewer tablets than reportRate): at once if
+//     the last report is a window old, else when it is;
+//   - otherwise in the tablet's own slot — an offset within the window
+//     taken from a hash of the tablet's ID, repeating every window — at
+//     least half a window after the last one. Tablets that change state
+//     together then report spread over the window, not all at once.
+func paceDelay(tablet string, window time.Duration, last, now time.Time) time.Duration {
+	if window < time.Second {
+		return max(0, last.Add(window).Sub(now))
+	}
+	h := fnv.New64a()
+	h.Write([]byte(tablet))
+	w := int64(window)
+	offset := int64(h.Sum64() % uint64(w))
+	earliest := now
+	if e := last.Add(window / 2); e.After(earliest) {
+		earliest = e
+	}
+	n := earliest.UnixNano() - offset
+	slot := offset + (n+w-1)/w*w
+	return time.Duration(slot - now.UnixNano())
 }
 
 // send signals the current status to the stream (by workflow ID, so it

@@ -29,4 +29,11 @@ const (
 	// replica's health), which passes the 2 MB payload limit at a few
 	// thousand tablets.
 	changeSlimTopology = "slim-topology"
+
+	// changePacedReports: a tablet's reports go out from a pacer of its
+	// own, at most one per tablets/reportRate and, in a stream of more
+	// tablets than reportRate, in a slot of the tablet's own within that
+	// window: the stream receives at most about reportRate reports a
+	// second however many tablets change state at once.
+	changePacedReports = "paced-reports"
 )
