@@ -61,6 +61,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/bench/internal/history"
+	"github.com/tabletflow/tabletflow/bench/internal/procs"
+	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source/tabletd"
@@ -253,10 +256,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	b := &bench{bin: bin, dir: dir}
+	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}}
 	keepDir := *keep
 	defer func() {
-		b.stopAll()
+		b.procs.StopAll()
 		if keepDir {
 			fmt.Fprintln(os.Stderr, "scale: kept", dir)
 			return
@@ -281,7 +284,7 @@ func run() error {
 		Command: "go run ./bench/scale " + strings.Join(os.Args[1:], " "),
 		Goal:    fmt.Sprintf("every one of %d tablets Streaming (issue 8: a stream of 5000 tablets works on this machine)", *tablets),
 		Setup: setup{
-			Host: hostDesc(), LoadAvgAtStart: loadAvg(), Tablets: *tablets, Replicas: *replicas, ServersPerCell: 2, Cells: 3,
+			Host: hostDesc(), LoadAvgAtStart: procstat.LoadAvg(), Tablets: *tablets, Replicas: *replicas, ServersPerCell: 2, Cells: 3,
 			WriteRate: *rate, WorkerMaxActivities: maxAct, WorkerPollers: *pollers,
 			DevServerDynamicConfig: append([]string{}, dynCfg...), StatusPollIntervalS: poll.Seconds(),
 			MaxChildrenPerRun: maxChildrenPerRun,
@@ -303,7 +306,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	b.add("temporal", ds.Proc)
+	b.procs.Add("temporal", ds.Proc)
 	if b.temporal, err = client.Dial(client.Options{HostPort: ds.Addr, Namespace: namespace, Logger: connect.Quiet{}}); err != nil {
 		return err
 	}
@@ -327,7 +330,7 @@ func run() error {
 		return err
 	}
 	// The base: the idle worker, settled, before the stream starts.
-	if err := sleep(ctx, 5*time.Second); err != nil {
+	if err := procs.Sleep(ctx, 5*time.Second); err != nil {
 		return err
 	}
 	if res.WorkerRSSBaseMiB, _, err = testbed.Memory(b.worker.Pid()); err != nil {
@@ -345,7 +348,7 @@ func run() error {
 	}
 	w := b.watch(ctx, *tablets, *timeout, *poll, &res)
 	res.StartupWallS = round(time.Since(began).Seconds())
-	res.CPUStartup = b.cpu().minus(cpu0)
+	res.CPUStartup = b.cpu().Minus(cpu0)
 	// Interrupted (Ctrl-C): the result still says how far it got.
 	interrupted := ctx.Err() != nil
 	if interrupted {
@@ -361,7 +364,7 @@ func run() error {
 		cpu1 := b.cpu()
 		t0 := time.Now()
 		for time.Since(t0) < *steady && ctx.Err() == nil {
-			_ = sleep(ctx, min(30*time.Second, *steady-time.Since(t0)))
+			_ = procs.Sleep(ctx, min(30*time.Second, *steady-time.Since(t0)))
 			s := sample{T: round(time.Since(b.began).Seconds())}
 			if st, _, took, err := b.status(ctx); err == nil {
 				s.Streaming, s.Rows, s.States, s.QueryS = st.streaming, st.rows, st.states, round(took.Seconds())
@@ -377,7 +380,7 @@ func run() error {
 			logf("%5.0fs (steady): %d Streaming, run %s, worker RSS %.0f MiB %s", s.T, s.Streaming, short(s.Run), s.WorkerRSS, s.Err)
 		}
 		res.SteadyWindowS = round(time.Since(t0).Seconds())
-		res.CPUSteady = b.cpu().minus(cpu1)
+		res.CPUSteady = b.cpu().Minus(cpu1)
 		for _, s := range slices.Backward(res.Samples) {
 			if s.Err == "" {
 				res.SteadyStreaming = s.Streaming
@@ -422,8 +425,8 @@ func run() error {
 		logf("tablet history: %v", err)
 	}
 
-	for _, p := range b.procs {
-		res.Logged[p.name] = scanLog(p.Log())
+	for _, p := range b.procs.List() {
+		res.Logged[p.Name] = scanLog(p.Log())
 	}
 	res.Verdict = verdict(&res, *tablets, w)
 	if interrupted {
@@ -544,7 +547,7 @@ func (b *bench) watch(ctx context.Context, n int, timeout, every time.Duration, 
 			logf("deadline: %d of %d Streaming, %d served", s.Streaming, n, s.Served)
 			return w
 		}
-		_ = sleep(ctx, every)
+		_ = procs.Sleep(ctx, every)
 	}
 	return w
 }
@@ -657,7 +660,10 @@ func (b *bench) runs(ctx context.Context, res *result) error {
 // history counts a workflow run's events by type (runID "": the current
 // run) and times its child starts and workflow tasks.
 func (b *bench) history(ctx context.Context, id, runID string) (int64, map[string]int64, *runTimes, error) {
-	it := b.temporal.GetWorkflowHistory(ctx, id, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	events, err := history.Events(ctx, b.temporal, id, runID)
+	if err != nil {
+		return 0, nil, nil, err
+	}
 	types := map[string]int64{}
 	var n int64
 	var (
@@ -667,11 +673,7 @@ func (b *bench) history(ctx context.Context, id, runID string) (int64, map[strin
 		wtStarted             = map[int64]time.Time{}
 		wait, work            []float64
 	)
-	for it.HasNext() {
-		ev, err := it.Next()
-		if err != nil {
-			return n, types, nil, err
-		}
+	for _, ev := range events {
 		n++
 		types[strings.TrimPrefix(ev.GetEventType().String(), "EVENT_TYPE_")]++
 		at := ev.GetEventTime().AsTime()
@@ -766,7 +768,7 @@ func (b *bench) startTabletd(ctx context.Context, tablets, replicas int, rate fl
 		return err
 	}
 	b.tdAddr = addr
-	p, err := b.start("tabletd", "serve", "--listen", addr, "--tablets", strconv.Itoa(tablets), "--replicas", strconv.Itoa(replicas),
+	p, err := b.procs.Start("tabletd", "serve", "--listen", addr, "--tablets", strconv.Itoa(tablets), "--replicas", strconv.Itoa(replicas),
 		"--rate", strconv.FormatFloat(rate, 'f', -1, 64), "--retention", "1h", "--log-level", "warn")
 	if err != nil {
 		return err
@@ -784,7 +786,7 @@ func (b *bench) startTabletd(ctx context.Context, tablets, replicas int, rate fl
 }
 
 func (b *bench) startWorker(ctx context.Context, addr string, maxAct, pollers int) error {
-	p, err := b.start("worker", "--address", addr, "--task-queue", taskQueue, "--log-level", "warn",
+	p, err := b.procs.Start("worker", "--address", addr, "--task-queue", taskQueue, "--log-level", "warn",
 		"--max-concurrent-activities", strconv.Itoa(maxAct), "--pollers", strconv.Itoa(pollers))
 	if err != nil {
 		return err

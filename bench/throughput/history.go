@@ -15,6 +15,8 @@ import (
 	"go.temporal.io/sdk/converter"
 
 	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/bench/internal/history"
+	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -35,11 +37,11 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 		return err
 	}
 	logf("history: streaming at %.0f records/s for %v", rate, window)
-	if err := sleep(ctx, window); err != nil {
+	if err := procs.Sleep(ctx, window); err != nil {
 		return err
 	}
 	to := time.Now()
-	res.CPUMeasure = b.cpu().minus(cpu0)
+	res.CPUMeasure = b.cpu().Minus(cpu0)
 	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_PAUSE, 0); err != nil {
 		return err
 	}
@@ -53,7 +55,7 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 	if err != nil {
 		return err
 	}
-	runs, err := b.history(ctx, flowID)
+	runs, err := history.Chain(ctx, b.temporal, flowID)
 	if err != nil {
 		return err
 	}
@@ -65,7 +67,7 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 	var records, batches int64
 	for i, tablet := range slices.Sorted(maps.Keys(last)) {
 		id := workflows.TabletWorkflowID(flowID, tablet)
-		runs, err := b.history(ctx, id)
+		runs, err := history.Chain(ctx, b.temporal, id)
 		if err != nil {
 			return err
 		}
@@ -112,36 +114,10 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 		if time.Now().After(deadline) {
 			return errors.New("the stream did not catch up within 2m after the measurement")
 		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := procs.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
 	}
-}
-
-// history returns every run of a workflow's continue-as-new chain, oldest
-// first, each run's events in order.
-func (b *bench) history(ctx context.Context, id string) ([][]*historypb.HistoryEvent, error) {
-	var runs [][]*historypb.HistoryEvent
-	for runID := ""; ; {
-		it := b.temporal.GetWorkflowHistory(ctx, id, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-		var events []*historypb.HistoryEvent
-		for it.HasNext() {
-			ev, err := it.Next()
-			if err != nil {
-				return nil, fmt.Errorf("history of %s: %w", id, err)
-			}
-			events = append(events, ev)
-		}
-		runs = append(runs, events)
-		if len(events) == 0 {
-			break
-		}
-		if runID = events[0].GetWorkflowExecutionStartedEventAttributes().GetContinuedExecutionRunId(); runID == "" {
-			break
-		}
-	}
-	slices.Reverse(runs)
-	return runs, nil
 }
 
 // historyStats is what a workflow's history says. It reads only events

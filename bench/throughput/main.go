@@ -55,6 +55,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tabletflow/tabletflow/bench/internal/procs"
+	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
@@ -161,10 +163,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	b := &bench{bin: bin, dir: dir}
+	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}}
 	failed := true
 	defer func() {
-		b.stopAll()
+		b.procs.StopAll()
 		if failed || *keep {
 			fmt.Fprintln(os.Stderr, "throughput: kept", dir)
 			if failed {
@@ -176,7 +178,7 @@ func run() error {
 	}()
 
 	res := result{Date: time.Now().UTC().Format(time.RFC3339), Tablets: *tablets, GoalRatio: goalRatio,
-		MeasureRate: *measureRate, HostLoadAvg1mAtStart: loadAvg(),
+		MeasureRate: *measureRate, HostLoadAvg1mAtStart: procstat.LoadAvg(),
 		Command: "go run ./bench/throughput " + strings.Join(os.Args[1:], " ")}
 	if err := b.startTemporal(ctx); err != nil {
 		return err
@@ -205,7 +207,7 @@ func run() error {
 	rawDir := filepath.Join(dir, "raw")
 	cpu0 := b.cpu()
 	n, took, err := b.raw(ctx, rawDir)
-	res.CPURaw = b.cpu().minus(cpu0)
+	res.CPURaw = b.cpu().Minus(cpu0)
 	if err != nil {
 		return fmt.Errorf("raw: %w", err)
 	}
@@ -222,7 +224,7 @@ func run() error {
 	flowDir := filepath.Join(dir, "flow")
 	cpu0 = b.cpu()
 	fl, err := b.flow(ctx, flowDir, total)
-	res.CPUTabletflow = b.cpu().minus(cpu0)
+	res.CPUTabletflow = b.cpu().Minus(cpu0)
 	if err != nil {
 		return fmt.Errorf("tabletflow: %w", err)
 	}
@@ -277,10 +279,7 @@ func run() error {
 
 // bench is the run's world: child processes and clients.
 type bench struct {
-	bin, dir string
-
-	mu    sync.Mutex
-	procs []*proc
+	procs procs.Group
 
 	temporalAddr string
 	temporal     client.Client
@@ -289,7 +288,7 @@ type bench struct {
 	admin        sourcepb.AdminClient
 	topo         sourcepb.TopologyClient
 	src          *tabletd.Client
-	worker       *proc
+	worker       *procs.Proc
 	flowStart    time.Time // when the StreamWorkflow was started
 }
 
@@ -298,7 +297,7 @@ type bench struct {
 // be taken before the server binds it (the server opens more ports of its
 // own), so a server that exits at start is tried again on other ports.
 func (b *bench) startTemporal(ctx context.Context) error {
-	db := filepath.Join(b.dir, "t.db")
+	db := filepath.Join(b.procs.Dir, "t.db")
 	for attempt := 1; ; attempt++ {
 		port := freePort()
 		b.temporalAddr = fmt.Sprintf("127.0.0.1:%d", port)
@@ -308,11 +307,11 @@ func (b *bench) startTemporal(ctx context.Context) error {
 		for _, sa := range workflows.SearchAttributes {
 			args = append(args, "--search-attribute", sa+"=Keyword")
 		}
-		p, err := b.start("temporal", args...)
+		p, err := b.procs.Start("temporal", args...)
 		if err != nil {
 			return err
 		}
-		err = waitFor(ctx, p, "Temporal dev server", 90*time.Second, func() error {
+		err = procs.WaitFor(ctx, p, "Temporal dev server", 90*time.Second, func() error {
 			c, err := client.Dial(client.Options{HostPort: b.temporalAddr, Logger: connect.Quiet{}})
 			if err != nil {
 				return err
@@ -336,7 +335,7 @@ func (b *bench) startTemporal(ctx context.Context) error {
 // startTabletd runs tabletd with no workload and no follower lag.
 func (b *bench) startTabletd(ctx context.Context, tablets int) error {
 	b.tdAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
-	p, err := b.start("tabletd", "serve", "--listen", b.tdAddr, "--tablets", strconv.Itoa(tablets), "--replicas", "3",
+	p, err := b.procs.Start("tabletd", "serve", "--listen", b.tdAddr, "--tablets", strconv.Itoa(tablets), "--replicas", "3",
 		"--rate", "0", "--lag", "0s", "--retention", "1h", "--log-level", "warn")
 	if err != nil {
 		return err
@@ -348,7 +347,7 @@ func (b *bench) startTabletd(ctx context.Context, tablets int) error {
 	if b.src, err = tabletd.Dial(b.tdAddr, keyspace); err != nil {
 		return err
 	}
-	return waitFor(ctx, p, "tabletd", 30*time.Second, func() error {
+	return procs.WaitFor(ctx, p, "tabletd", 30*time.Second, func() error {
 		_, err := b.admin.Workload(ctx, &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err
 	})
@@ -358,12 +357,12 @@ func (b *bench) startTabletd(ctx context.Context, tablets int) error {
 // it polls both the workflow and the activity task queue, so its start-up
 // is not timed.
 func (b *bench) startWorker(ctx context.Context) error {
-	p, err := b.start("worker", "--address", b.temporalAddr, "--task-queue", taskQueue, "--log-level", "warn")
+	p, err := b.procs.Start("worker", "--address", b.temporalAddr, "--task-queue", taskQueue, "--log-level", "warn")
 	if err != nil {
 		return err
 	}
 	b.worker = p
-	return waitFor(ctx, p, "worker", 60*time.Second, func() error {
+	return procs.WaitFor(ctx, p, "worker", 60*time.Second, func() error {
 		for _, typ := range []enumspb.TaskQueueType{enumspb.TASK_QUEUE_TYPE_WORKFLOW, enumspb.TASK_QUEUE_TYPE_ACTIVITY} {
 			d, err := b.temporal.DescribeTaskQueue(ctx, taskQueue, typ)
 			if err != nil {
@@ -415,7 +414,7 @@ func (b *bench) preload(ctx context.Context, n uint64, rate float64) (uint64, er
 		if w.Records >= n {
 			break
 		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := procs.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return 0, err
 		}
 	}
@@ -448,7 +447,7 @@ func (b *bench) quiesce(ctx context.Context) (uint64, error) {
 			return prev, nil
 		}
 		prev = w.Records
-		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+		if err := procs.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return 0, err
 		}
 	}

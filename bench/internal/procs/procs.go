@@ -1,0 +1,123 @@
+// Package procs runs a benchmark's child processes (the dev server,
+// tabletd, workers) as one group: started by name from a directory of
+// binaries with their logs in the run's directory, waited on until they
+// answer, stopped together, and measured together.
+package procs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tabletflow/tabletflow/bench/internal/procstat"
+	"github.com/tabletflow/tabletflow/testbed"
+)
+
+// ErrExited is what WaitFor's error wraps when the process ended before
+// it was ready.
+var ErrExited = errors.New("exited")
+
+// Proc is a named child process (testbed.Proc: own process group, log
+// file under the run's directory).
+type Proc struct {
+	*testbed.Proc
+	Name string
+}
+
+// Group is a run's child processes. Bin is the directory of the binaries,
+// Dir the run's directory, where each child logs to <name>.log. Its
+// methods may be called from several goroutines.
+type Group struct {
+	Bin, Dir string
+
+	mu    sync.Mutex
+	procs []*Proc
+}
+
+// Start runs Bin/<name> with args, its output to Dir/<name>.log, and adds
+// it to the group.
+func (g *Group) Start(name string, args ...string) (*Proc, error) {
+	tp, err := testbed.Start(filepath.Join(g.Dir, name+".log"), filepath.Join(g.Bin, name), args...)
+	if err != nil {
+		return nil, err
+	}
+	return g.Add(name, tp), nil
+}
+
+// Add adds a process started elsewhere (testbed.StartDevServer) under
+// name.
+func (g *Group) Add(name string, tp *testbed.Proc) *Proc {
+	p := &Proc{Proc: tp, Name: name}
+	g.mu.Lock()
+	g.procs = append(g.procs, p)
+	g.mu.Unlock()
+	return p
+}
+
+// List returns the children, in the order they were added.
+func (g *Group) List() []*Proc {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.procs)
+}
+
+// StopAll stops every child, the last started first.
+func (g *Group) StopAll() {
+	for _, p := range slices.Backward(g.List()) {
+		p.Stop()
+	}
+}
+
+// CPU returns the CPU seconds each child has used so far, by its name,
+// and this program's as "bench". A child whose /proc entry cannot be read
+// (it has ended) is left out.
+func (g *Group) CPU() procstat.Snapshot {
+	out := procstat.Snapshot{}
+	for _, p := range g.List() {
+		if s, err := procstat.ProcessCPU(p.Pid()); err == nil {
+			out[p.Name] = s
+		}
+	}
+	if s, err := procstat.SelfCPU(); err == nil {
+		out["bench"] = s
+	}
+	return out
+}
+
+// WaitFor polls ready every 200 ms until it succeeds, p exits (an error
+// wrapping ErrExited), within passes, or ctx is done.
+func WaitFor(ctx context.Context, p *Proc, what string, within time.Duration, ready func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := ready()
+		if err == nil {
+			return nil
+		}
+		if p.Exited() {
+			return fmt.Errorf("%s %w: %v", what, ErrExited, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready within %v: %v", what, within, err)
+		}
+		if err := Sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// Sleep waits for d, or returns ctx's error when ctx is done first: the
+// pause of WaitFor's polls and of the benchmarks' own.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
