@@ -37,13 +37,33 @@ type Stream struct {
 }
 
 // Source names the database to read. Secrets never go here: a credential
-// is named by the environment variable the worker reads (TokenEnv).
+// is named by the environment variable the worker reads (TokenEnv, a
+// replica's DSNEnv).
 type Source struct {
-	Kind     string   `json:"kind"`
+	Kind string `json:"kind"`
+	// Address and Keyspace: a tabletd topology service.
 	Address  string   `json:"address"`
 	Keyspace string   `json:"keyspace"`
 	Tables   []string `json:"tables,omitempty"`
 	TokenEnv string   `json:"tokenEnv,omitempty"`
+	// Shards: PostgreSQL shards (kind "postgres"), each a tablet whose
+	// replicas are its primary and standbys.
+	Shards []Shard `json:"shards,omitempty"`
+}
+
+// Shard is one PostgreSQL shard: a tablet of the stream.
+type Shard struct {
+	ID       string         `json:"id"`
+	Replicas []ShardReplica `json:"replicas"`
+}
+
+// ShardReplica is one server of a shard. Its DSN is read by the worker
+// from the environment variable DSNEnv, never stored in the config.
+type ShardReplica struct {
+	Alias  string `json:"alias"`
+	Cell   string `json:"cell"`
+	Type   string `json:"type"`
+	DSNEnv string `json:"dsnEnv"`
 }
 
 // Sink names where records go.
@@ -258,27 +278,21 @@ func (s *Stream) Defaults() {
 	}
 }
 
-// ValidAlias reports whether s looks like a replica alias, <cell>-<uid>.
+// ValidAlias reports whether s looks like a replica alias, <cell>-<name>
+// (tabletd: <cell>-<uid>; a postgres source: as configured, e.g. zone1-s1).
 func ValidAlias(s string) bool { return aliasRe.MatchString(s) }
 
 var (
-	aliasRe  = regexp.MustCompile(`^[A-Za-z0-9_.]+-[0-9]+$`)
+	aliasRe  = regexp.MustCompile(`^[A-Za-z0-9_.]+-[A-Za-z0-9_.]+$`)
 	envVarRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	tableRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$`)
+	shardRe  = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
 )
 
 // Validate checks every field; Defaults must have run.
 func (s *Stream) Validate() error {
-	switch {
-	case s.Source.Kind != "tabletd":
-		return fieldErr("source.kind", "%q: want \"tabletd\"", s.Source.Kind)
-	case s.Source.Address == "":
-		return fieldErr("source.address", "must not be empty (host:port of the topology service)")
-	case !strings.Contains(s.Source.Address, ":"):
-		return fieldErr("source.address", "%q: want host:port", s.Source.Address)
-	case s.Source.Keyspace == "":
-		return fieldErr("source.keyspace", "must not be empty")
-	case s.Source.TokenEnv != "" && !envVarRe.MatchString(s.Source.TokenEnv):
-		return fieldErr("source.tokenEnv", "%q is not an environment variable name", s.Source.TokenEnv)
+	if err := s.Source.Validate(); err != nil {
+		return err
 	}
 	switch s.Sink.Kind {
 	case "jsonl":
@@ -308,6 +322,88 @@ func (s *Stream) Validate() error {
 	for i, e := range s.Exclude {
 		if err := e.Validate(fmt.Sprintf("exclude[%d]", i)); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks the source section.
+func (src Source) Validate() error {
+	switch src.Kind {
+	case "tabletd":
+		switch {
+		case src.Address == "":
+			return fieldErr("source.address", "must not be empty (host:port of the topology service)")
+		case !strings.Contains(src.Address, ":"):
+			return fieldErr("source.address", "%q: want host:port", src.Address)
+		case src.Keyspace == "":
+			return fieldErr("source.keyspace", "must not be empty")
+		case src.TokenEnv != "" && !envVarRe.MatchString(src.TokenEnv):
+			return fieldErr("source.tokenEnv", "%q is not an environment variable name", src.TokenEnv)
+		case len(src.Shards) > 0:
+			return fieldErr("source.shards", "only for the postgres source (tabletd lists its own tablets)")
+		}
+	case "postgres":
+		return src.validatePostgres()
+	default:
+		return fieldErr("source.kind", "%q: want \"tabletd\" or \"postgres\"", src.Kind)
+	}
+	return nil
+}
+
+// validatePostgres checks a postgres source: published tables named
+// schema.table, shards with unique IDs, each with one primary and replicas
+// of unique aliases whose DSNs come from environment variables.
+func (src Source) validatePostgres() error {
+	switch {
+	case src.Address != "" || src.Keyspace != "" || src.TokenEnv != "":
+		return fieldErr("source.address", "address, keyspace and tokenEnv are for tabletd; a postgres source names its servers in shards")
+	case len(src.Tables) == 0:
+		return fieldErr("source.tables", "must list the tables to publish, as schema.table")
+	case len(src.Shards) == 0:
+		return fieldErr("source.shards", "must list at least one shard")
+	}
+	for i, t := range src.Tables {
+		if !tableRe.MatchString(t) || slices.Index(src.Tables, t) != i {
+			return fieldErr(fmt.Sprintf("source.tables[%d]", i), "%q: want schema.table (letters, digits, _), each once", t)
+		}
+	}
+	aliases := map[string]string{}
+	for i, sh := range src.Shards {
+		f := fmt.Sprintf("source.shards[%d]", i)
+		if !shardRe.MatchString(sh.ID) {
+			return fieldErr(f+".id", "%q: want 1 to 32 of a-z, 0-9, _ (it names the shard's replication slots)", sh.ID)
+		}
+		for j := range i {
+			if src.Shards[j].ID == sh.ID {
+				return fieldErr(f+".id", "%q repeats source.shards[%d]", sh.ID, j)
+			}
+		}
+		if len(sh.Replicas) == 0 {
+			return fieldErr(f+".replicas", "must list the shard's primary and its standbys")
+		}
+		primaries := 0
+		for j, r := range sh.Replicas {
+			rf := fmt.Sprintf("%s.replicas[%d]", f, j)
+			switch {
+			case !aliasRe.MatchString(r.Alias):
+				return fieldErr(rf+".alias", "%q: want <cell>-<name>", r.Alias)
+			case aliases[r.Alias] != "":
+				return fieldErr(rf+".alias", "%q repeats %s", r.Alias, aliases[r.Alias])
+			case r.Cell == "":
+				return fieldErr(rf+".cell", "must not be empty")
+			case !slices.Contains(tabletTypes, r.Type):
+				return fieldErr(rf+".type", "%q: want PRIMARY, REPLICA or RDONLY", r.Type)
+			case !envVarRe.MatchString(r.DSNEnv):
+				return fieldErr(rf+".dsnEnv", "%q: want the name of the environment variable holding the DSN", r.DSNEnv)
+			}
+			aliases[r.Alias] = rf
+			if r.Type == "PRIMARY" {
+				primaries++
+			}
+		}
+		if primaries != 1 {
+			return fieldErr(f+".replicas", "%d of type PRIMARY: want exactly one (publications are created on it)", primaries)
 		}
 	}
 	return nil
@@ -392,7 +488,7 @@ func (e Exclusion) Validate(field string) error {
 	case e.Alias == "":
 		return fieldErr(field+".alias", "must not be empty")
 	case !aliasRe.MatchString(e.Alias):
-		return fieldErr(field+".alias", "%q: want <cell>-<uid>", e.Alias)
+		return fieldErr(field+".alias", "%q: want <cell>-<name>", e.Alias)
 	case e.TTL < 0:
 		return fieldErr(field+".ttl", "must not be negative")
 	}

@@ -576,14 +576,14 @@ func TestExclusionValidate(t *testing.T) {
 		{name: "zero ttl", e: Exclusion{Alias: "zone1-1", TTL: 0}, field: "exclude[0]"},
 		// The alias is required; the field prefix is the caller's.
 		{name: "empty alias", e: Exclusion{}, field: "exclude[3]", wantErr: "exclude[3].alias: must not be empty"},
-		// A cell without uid.
-		{name: "no uid", e: Exclusion{Alias: "zone1"}, field: "exclude[0]", wantErr: `exclude[0].alias: "zone1": want <cell>-<uid>`},
-		// A uid that is not a number.
-		{name: "letters in uid", e: Exclusion{Alias: "zone1-abc"}, field: "exclude[0]", wantErr: `exclude[0].alias: "zone1-abc": want <cell>-<uid>`},
+		// A cell without a name.
+		{name: "no uid", e: Exclusion{Alias: "zone1"}, field: "exclude[0]", wantErr: `exclude[0].alias: "zone1": want <cell>-<name>`},
+		// Two dashes: the cell and the name are each one word.
+		{name: "two dashes", e: Exclusion{Alias: "zone1-s1-x"}, field: "exclude[0]", wantErr: `exclude[0].alias: "zone1-s1-x": want <cell>-<name>`},
 		// A uid without cell.
-		{name: "no cell", e: Exclusion{Alias: "-101"}, field: "exclude[0]", wantErr: `exclude[0].alias: "-101": want <cell>-<uid>`},
+		{name: "no cell", e: Exclusion{Alias: "-101"}, field: "exclude[0]", wantErr: `exclude[0].alias: "-101": want <cell>-<name>`},
 		// Surrounding spaces are not trimmed.
-		{name: "spaces", e: Exclusion{Alias: " zone1-101"}, field: "exclude[0]", wantErr: `exclude[0].alias: " zone1-101": want <cell>-<uid>`},
+		{name: "spaces", e: Exclusion{Alias: " zone1-101"}, field: "exclude[0]", wantErr: `exclude[0].alias: " zone1-101": want <cell>-<name>`},
 		// A negative TTL.
 		{name: "negative ttl", e: Exclusion{Alias: "zone1-1", TTL: Duration(-time.Second)}, field: "exclude[1]", wantErr: "exclude[1].ttl: must not be negative"},
 	}

@@ -98,7 +98,7 @@ const (
 // Replica is one copy of a tablet on a tablet server.
 type Replica struct {
 	Tablet  string
-	Alias   string // "<cell>-<uid>", the server's alias
+	Alias   string // "<cell>-<name>", the server's alias (tabletd: <cell>-<uid>)
 	Cell    string
 	Type    TabletType
 	Address string

@@ -76,7 +76,7 @@ func validateAliases(aliases, known []string) error {
 	}
 	for i, a := range aliases {
 		if !config.ValidAlias(a) {
-			return fmt.Errorf("aliases[%d]: %q: want <cell>-<uid>", i, a)
+			return fmt.Errorf("aliases[%d]: %q: want <cell>-<name>", i, a)
 		}
 		if !slices.Contains(known, a) {
 			return fmt.Errorf("aliases[%d]: %q is not a replica of this stream's tablets (known: %v)", i, a, known)

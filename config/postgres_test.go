@@ -1,0 +1,78 @@
+package config
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// pgSource is the postgres source of the issue's example: one shard with a
+// primary and a standby.
+const pgSource = `"source": {"kind": "postgres", "tables": ["public.orders", "public.items"], "shards": [
+  {"id": "s1", "replicas": [
+    {"alias": "zone1-s1", "cell": "zone1", "type": "PRIMARY", "dsnEnv": "S1_PRIMARY_DSN"},
+    {"alias": "zone2-s1", "cell": "zone2", "type": "REPLICA", "dsnEnv": "S1_STANDBY_DSN"}]}]},
+  "sink": {"kind": "jsonl", "path": "/var/lib/tabletflow/orders"}`
+
+func TestDecodeAcceptsAPostgresSource(t *testing.T) {
+	got, err := Decode([]byte("{" + pgSource + "}"))
+	require.NoError(t, err)
+	require.Equal(t, Source{Kind: "postgres", Tables: []string{"public.orders", "public.items"}, Shards: []Shard{{
+		ID: "s1", Replicas: []ShardReplica{
+			{Alias: "zone1-s1", Cell: "zone1", Type: "PRIMARY", DSNEnv: "S1_PRIMARY_DSN"},
+			{Alias: "zone2-s1", Cell: "zone2", Type: "REPLICA", DSNEnv: "S1_STANDBY_DSN"},
+		}}}}, got.Source)
+}
+
+func TestDecodeRejectsBadPostgresSourcesNamingTheField(t *testing.T) {
+	// edit replaces old with new in pgSource.
+	edit := func(old, new string) string {
+		require.Contains(t, pgSource, old)
+		return "{" + strings.Replace(pgSource, old, new, 1) + "}"
+	}
+	// pg is a config whose postgres source has just the fields given.
+	pg := func(fields string) string {
+		return `{"source": {"kind": "postgres", ` + fields + `}, "sink": {"kind": "jsonl", "path": "/x"}}`
+	}
+	tests := []struct {
+		name, in, wantPrefix string
+	}{
+		// The DSN itself in the config: a secret would be stored.
+		{name: "dsn instead of dsnEnv", in: edit(`"dsnEnv": "S1_STANDBY_DSN"`, `"dsn": "postgres://u:pw@h/db"`),
+			wantPrefix: `source.shards[0].replicas[1].dsn: unknown field`},
+		// dsnEnv holding a DSN rather than a variable's name.
+		{name: "dsnEnv not a name", in: edit(`"S1_STANDBY_DSN"`, `"postgres://h/db"`),
+			wantPrefix: `source.shards[0].replicas[1].dsnEnv: "postgres://h/db": want the name of the environment variable`},
+		{name: "no tables", in: edit(`"tables": ["public.orders", "public.items"], `, ``), wantPrefix: "source.tables: must list the tables"},
+		{name: "table without schema", in: edit(`"public.items"`, `"items"`), wantPrefix: `source.tables[1]: "items": want schema.table`},
+		{name: "table twice", in: edit(`"public.items"`, `"public.orders"`), wantPrefix: `source.tables[1]: "public.orders"`},
+		{name: "no shards", in: pg(`"tables": ["public.a"], "shards": []`), wantPrefix: "source.shards: must list at least one shard"},
+		{name: "shard id with a dash", in: edit(`"id": "s1"`, `"id": "s-1"`), wantPrefix: `source.shards[0].id: "s-1": want 1 to 32 of a-z, 0-9, _`},
+		{name: "no replicas", in: pg(`"tables": ["public.a"], "shards": [{"id": "s1", "replicas": []}]`), wantPrefix: "source.shards[0].replicas: must list the shard's primary"},
+		{name: "bad alias", in: edit(`"zone2-s1"`, `"zone2"`), wantPrefix: `source.shards[0].replicas[1].alias: "zone2": want <cell>-<name>`},
+		{name: "alias twice", in: edit(`"zone2-s1"`, `"zone1-s1"`), wantPrefix: `source.shards[0].replicas[1].alias: "zone1-s1" repeats source.shards[0].replicas[0]`},
+		{name: "no cell", in: edit(`"cell": "zone2"`, `"cell": ""`), wantPrefix: "source.shards[0].replicas[1].cell: must not be empty"},
+		{name: "bad type", in: edit(`"type": "REPLICA"`, `"type": "STANDBY"`), wantPrefix: `source.shards[0].replicas[1].type: "STANDBY": want PRIMARY, REPLICA or RDONLY`},
+		{name: "two primaries", in: edit(`"type": "REPLICA"`, `"type": "PRIMARY"`), wantPrefix: "source.shards[0].replicas: 2 of type PRIMARY: want exactly one"},
+		{name: "no primary", in: edit(`"type": "PRIMARY"`, `"type": "REPLICA"`), wantPrefix: "source.shards[0].replicas: 0 of type PRIMARY"},
+		{name: "tabletd address on postgres", in: edit(`"kind": "postgres",`, `"kind": "postgres", "address": "h:1",`), wantPrefix: "source.address: address, keyspace and tokenEnv are for tabletd"},
+		{name: "shards on tabletd", in: `{"source": {"kind": "tabletd", "address": "h:1", "keyspace": "k", "shards": [{"id": "s1", "replicas": []}]}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.shards: only for the postgres source"},
+		{name: "unknown kind", in: edit(`"kind": "postgres"`, `"kind": "mysql"`), wantPrefix: `source.kind: "mysql": want "tabletd" or "postgres"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Decode([]byte(tt.in))
+			require.Error(t, err)
+			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
+			require.Zero(t, got)
+		})
+	}
+}
+
+func TestDecodeRejectsARepeatedShard(t *testing.T) {
+	in := strings.Replace("{"+pgSource+"}", `"shards": [`, `"shards": [{"id": "s1", "replicas": [{"alias": "zone1-a", "cell": "zone1", "type": "PRIMARY", "dsnEnv": "A"}]}, `, 1)
+	_, err := Decode([]byte(in))
+	require.ErrorContains(t, err, `source.shards[1].id: "s1" repeats source.shards[0]`)
+}
