@@ -39,16 +39,34 @@ func Start(logPath, bin string, args ...string) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
+	return start(f, exec.Command(bin, args...))
+}
+
+// StartCmd runs a prepared cmd like Start, its output appended to logPath
+// (a restarted server keeps its earlier log). cmd may carry its own
+// SysProcAttr, a Credential say; the process group and the parent-death
+// signal are added to it.
+func StartCmd(logPath string, cmd *exec.Cmd) (*Proc, error) {
+	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return start(f, cmd)
+}
+
+func start(f *os.File, cmd *exec.Cmd) (*Proc, error) {
 	cmd.Stdout, cmd.Stderr = f, f
 	// Its own process group, so Stop reaches whatever it starts; and killed
 	// if the starting program dies without its cleanup.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid, cmd.SysProcAttr.Pdeathsig = true, syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("start %s: %w", bin, err)
+		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
-	p := &Proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	p := &Proc{cmd: cmd, log: f.Name(), done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
 	return p, nil
 }
@@ -65,6 +83,9 @@ func (p *Proc) Exited() bool {
 		return false
 	}
 }
+
+// Done is closed when the process has ended.
+func (p *Proc) Done() <-chan struct{} { return p.done }
 
 // Log is the path of the process's log.
 func (p *Proc) Log() string { return p.log }
