@@ -4,6 +4,7 @@
 package activities
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/source/postgres"
 	"github.com/tabletflow/tabletflow/source/tabletd"
 )
 
@@ -21,7 +23,7 @@ import (
 type Resources struct {
 	// NewSource and NewSink build a source or a stream's sink the first
 	// time one is needed. Nil means the adapters this package knows
-	// (tabletd; jsonl); tests set fakes.
+	// (tabletd, postgres; jsonl); tests set fakes.
 	NewSource func(cfg config.Source) (source.Source, error)
 	NewSink   func(cfg config.Sink, stream string) (sink.Sink, error)
 
@@ -34,9 +36,10 @@ type Resources struct {
 // config error rather than trouble with the source or sink.
 var errUnknownKind = errors.New("unknown kind")
 
-// sourceKey is what identifies a connection (tables do not).
+// sourceKey is what identifies a connection (tables do not); shards is a
+// postgres source's servers, as JSON.
 type sourceKey struct {
-	kind, address, keyspace, tokenEnv string
+	kind, address, keyspace, tokenEnv, shards string
 }
 
 type sinkKey struct {
@@ -51,6 +54,10 @@ func NewResources() *Resources {
 // Source returns the shared client for a source config.
 func (r *Resources) Source(cfg config.Source) (source.Source, error) {
 	key := sourceKey{kind: cfg.Kind, address: cfg.Address, keyspace: cfg.Keyspace, tokenEnv: cfg.TokenEnv}
+	if len(cfg.Shards) > 0 {
+		b, _ := json.Marshal(cfg.Shards)
+		key.shards = string(b)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.sources[key]; s != nil {
@@ -103,6 +110,12 @@ func newSource(cfg config.Source) (source.Source, error) {
 			return nil, err
 		}
 		return c, nil
+	case "postgres":
+		s, err := postgres.New(cfg, nil)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
 	}
 	return nil, fmt.Errorf("source.kind: %w %q", errUnknownKind, cfg.Kind)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"go.temporal.io/sdk/activity"
@@ -197,6 +198,9 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	rd, err := src.OpenReplica(ctx, in.Replica)
 	if err != nil {
 		return fail(err)
+	}
+	if c, ok := rd.(io.Closer); ok { // a reader holding a connection (postgres)
+		defer c.Close()
 	}
 
 	defer a.Watcher.Watch(in.Stream)()

@@ -12,8 +12,8 @@ import (
 // consumed; reading resumes after it. The zero Checkpoint means "the
 // stream's start position for this tablet".
 //
-// Adapters whose positions are a single 64-bit number (a PostgreSQL LSN) use
-// Term 0 and put the number in Index.
+// The postgres adapter puts a transaction's commit LSN in Term and a
+// record's ordinal within the transaction in Index (source/postgres).
 type Checkpoint struct {
 	Term  uint64
 	Index uint64

@@ -230,6 +230,7 @@ var schemaSQL = fmt.Sprintf(`
 CREATE ROLE %[1]s LOGIN REPLICATION PASSWORD '%[2]s';
 GRANT CREATE ON DATABASE postgres TO %[1]s;
 GRANT pg_monitor TO %[1]s;
+GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO %[1]s;
 CREATE TABLE public.orders (
 	id bigint PRIMARY KEY,
 	customer text,

@@ -1,0 +1,137 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// The adapter's own outcomes, decided from the slot's row in
+// pg_replication_slots before reading (never from a message text).
+var (
+	// errSlotMissing: the replica has no slot for the stream (a standby
+	// rebuilt, a slot dropped by hand). The reader re-creates it; the new
+	// slot serves once the tablet's checkpoint passes its start.
+	errSlotMissing = errors.New("replication slot does not exist on this replica")
+	// errSlotInvalidated: the replica's slot lost the WAL or catalog rows
+	// it needs (wal_status lost, an invalidation reason).
+	errSlotInvalidated = errors.New("replication slot is invalidated on this replica")
+	// errSlotAhead: the slot's confirmed_flush_lsn is past the checkpoint;
+	// PostgreSQL would silently skip to it, so the replica cannot serve
+	// this checkpoint (the analogue of Vitess's GTIDSet mismatch).
+	errSlotAhead = errors.New("replication slot is ahead of the checkpoint")
+	// errExpired: no replica of the shard can serve the checkpoint.
+	errExpired = errors.New("no replica of the shard can serve the checkpoint")
+	// errNoDSN: a replica's DSN variable is not set in the worker.
+	errNoDSN = errors.New("DSN environment variable not set")
+)
+
+// Classify maps an error from the adapter or from PostgreSQL to an action.
+// It reads the adapter's typed errors and SQLSTATE codes; a message text is
+// consulted only where one code covers cases that need different actions
+// (55000, 40001, 42704), as the research note's table lists:
+//
+//	slot ahead of the checkpoint                 → RetryElsewhere POSITION_MISMATCH
+//	slot missing, 42704 (slot)                   → RetryElsewhere SLOT_MISSING
+//	slot invalidated, 55000 "can no longer …",
+//	40001 "… slot that must be invalidated"      → RetryElsewhere SLOT_INVALIDATED
+//	58P01 WAL segment removed                    → RetryElsewhere WAL_REMOVED
+//	55000 "logical decoding on standby requires", 0A000 → RetryElsewhere NOT_CONFIGURED
+//	53300, 53400 (connections, wal senders, slots) → RetryElsewhere NO_CAPACITY
+//	no replica can serve the checkpoint          → Expired
+//	55006 slot active, 57P01-57P03, class 08, connection and
+//	network errors, timeouts, other 40001/55000  → RetrySame
+//	42704 publication, 28000, 28P01, 42501, a DSN variable not set,
+//	a bad checkpoint, an unknown tablet or replica → Fatal
+func Classify(err error) source.Classification {
+	c := func(a source.Action, reason string) source.Classification {
+		return source.Classification{Action: a, Reason: reason}
+	}
+	switch {
+	case err == nil:
+		return source.Classification{}
+	case errors.Is(err, errExpired): // wraps the replica's own cause
+		return c(source.Expired, "HISTORY_GONE")
+	case errors.Is(err, errSlotAhead):
+		return c(source.RetryElsewhere, "POSITION_MISMATCH")
+	case errors.Is(err, errSlotMissing):
+		return c(source.RetryElsewhere, "SLOT_MISSING")
+	case errors.Is(err, errSlotInvalidated):
+		return c(source.RetryElsewhere, "SLOT_INVALIDATED")
+	case errors.Is(err, errNoDSN):
+		return c(source.Fatal, "NO_DSN")
+	case errors.Is(err, source.ErrBadCheckpoint):
+		return c(source.Fatal, "BAD_CHECKPOINT")
+	case errors.Is(err, source.ErrUnknownTablet), errors.Is(err, source.ErrUnknownReplica):
+		return c(source.Fatal, "UNKNOWN_REPLICA")
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return classifyCode(pg)
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), pgconn.Timeout(err):
+		return c(source.RetrySame, "TIMEOUT")
+	case errors.Is(err, context.Canceled):
+		return c(source.RetrySame, "CANCELLED")
+	}
+	var connect *pgconn.ConnectError
+	var netErr net.Error
+	if errors.As(err, &connect) || errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return c(source.RetrySame, "UNAVAILABLE")
+	}
+	return c(source.RetrySame, "UNKNOWN")
+}
+
+// classifyCode maps a server error by its SQLSTATE.
+func classifyCode(pg *pgconn.PgError) source.Classification {
+	c := func(a source.Action, reason string) source.Classification {
+		return source.Classification{Action: a, Reason: reason + " (" + pg.Code + ")"}
+	}
+	msg := strings.ToLower(pg.Message)
+	switch pg.Code {
+	case "55006": // object_in_use: the slot is held by another session
+		return c(source.RetrySame, "SLOT_ACTIVE")
+	case "55000": // object_not_in_prerequisite_state
+		switch {
+		case strings.Contains(msg, "can no longer"), strings.Contains(msg, "invalidated"):
+			return c(source.RetryElsewhere, "SLOT_INVALIDATED")
+		case strings.Contains(msg, "logical decoding"), strings.Contains(msg, "wal_level"):
+			return c(source.RetryElsewhere, "NOT_CONFIGURED")
+		}
+		return c(source.RetrySame, "NOT_READY")
+	case "40001": // serialization_failure: on a standby, a recovery conflict
+		if strings.Contains(strings.ToLower(pg.Detail), "slot that must be invalidated") {
+			return c(source.RetryElsewhere, "SLOT_INVALIDATED")
+		}
+		return c(source.RetrySame, "RECOVERY_CONFLICT")
+	case "0A000": // feature_not_supported: decoding not possible here
+		return c(source.RetryElsewhere, "NOT_CONFIGURED")
+	case "42704": // undefined_object: a slot (elsewhere) or the publication (setup)
+		if strings.Contains(msg, "publication") {
+			return c(source.Fatal, "PUBLICATION_MISSING")
+		}
+		return c(source.RetryElsewhere, "SLOT_MISSING")
+	case "58P01": // undefined_file: a WAL segment already removed
+		return c(source.RetryElsewhere, "WAL_REMOVED")
+	case "53300", "53400": // too many connections / wal senders; configuration limit (slots)
+		return c(source.RetryElsewhere, "NO_CAPACITY")
+	case "57P01", "57P02", "57P03": // admin or crash shutdown, cannot connect now
+		return c(source.RetrySame, "UNAVAILABLE")
+	case "28000", "28P01": // invalid authorization, password
+		return c(source.Fatal, "AUTH")
+	case "42501": // insufficient_privilege
+		return c(source.Fatal, "PERMISSION")
+	}
+	if strings.HasPrefix(pg.Code, "08") { // connection exceptions
+		return c(source.RetrySame, "UNAVAILABLE")
+	}
+	return c(source.RetrySame, "SERVER_ERROR")
+}

@@ -1,0 +1,553 @@
+// Package postgres is the Source adapter for sharded PostgreSQL: each shard
+// is a tablet, its primary and physical standbys are the tablet's replicas
+// (PostgreSQL 16 and later decode on standbys). A stream is one
+// publication per shard (on its primary) and one logical replication slot
+// (pgoutput) per shard and replica, so that any replica can take over a
+// shard's reading.
+//
+// Positions: a record's is (commit LSN, n) — Term the end LSN of its
+// transaction's commit record, Index its ordinal in the transaction from
+// 1 — so positions are unique and increase in delivery (commit) order. A
+// checkpoint is always a whole transaction, (end LSN, count), or an idle
+// advance (LSN, 0); reading resumes by START_REPLICATION at its Term, which
+// skips every transaction that committed before it. LSNs are shared by a
+// primary and its standbys, so a checkpoint read on one replica means the
+// same on another.
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// Bounds of the adapter's own calls.
+const (
+	// connectTimeout bounds connecting to one replica.
+	connectTimeout = 5 * time.Second
+	// healthTimeout bounds one replica's health query in ListTablets.
+	healthTimeout = 2 * time.Second
+	// healthTTL: ListTablets answers from its last look at the servers for
+	// this long (every tablet's selection lists the topology).
+	healthTTL = time.Second
+	// walSenderTimeout is asked for on replication connections: a session
+	// of a dead worker releases its slot after this long.
+	walSenderTimeout = "20s"
+	// slotCreateTimeout bounds creating a slot on a standby, which waits
+	// for the primary's next running-transactions record.
+	slotCreateTimeout = 60 * time.Second
+)
+
+// Source is a set of PostgreSQL shards. It is safe for concurrent use.
+type Source struct {
+	cfg    config.Source
+	shards []*shard
+
+	mu      sync.Mutex
+	health  []source.Tablet
+	checked time.Time
+}
+
+type shard struct {
+	id       string
+	replicas []*replica
+}
+
+// replica is one server of a shard and its connection pool, made on first
+// use.
+type replica struct {
+	shard string
+	cfg   config.ShardReplica
+	dsn   string
+	host  string
+
+	mu   sync.Mutex
+	pool *pgxpool.Pool
+}
+
+var _ source.Source = (*Source)(nil)
+
+// New makes a Source from a validated config, reading each replica's DSN
+// from the environment variable it names (getenv nil: os.Getenv). A
+// variable that is not set, or holds a DSN that does not parse, is an
+// error naming the variable (never its value).
+func New(cfg config.Source, getenv func(string) string) (*Source, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Kind != "postgres" {
+		return nil, fmt.Errorf("source.kind: %q is not postgres", cfg.Kind)
+	}
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	s := &Source{cfg: cfg}
+	for i, sc := range cfg.Shards {
+		sh := &shard{id: sc.ID}
+		for j, rc := range sc.Replicas {
+			dsn := getenv(rc.DSNEnv)
+			field := fmt.Sprintf("source.shards[%d].replicas[%d].dsnEnv", i, j)
+			if dsn == "" {
+				return nil, fmt.Errorf("%s: %w: %s", field, errNoDSN, rc.DSNEnv)
+			}
+			pc, err := pgconn.ParseConfig(dsn)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w: %s holds a DSN that does not parse", field, errNoDSN, rc.DSNEnv)
+			}
+			sh.replicas = append(sh.replicas, &replica{
+				shard: sc.ID, cfg: rc, dsn: dsn, host: net.JoinHostPort(pc.Host, strconv.Itoa(int(pc.Port))),
+			})
+		}
+		s.shards = append(s.shards, sh)
+	}
+	return s, nil
+}
+
+// Close closes every replica's pool.
+func (s *Source) Close() error {
+	for _, sh := range s.shards {
+		for _, r := range sh.replicas {
+			r.mu.Lock()
+			if r.pool != nil {
+				r.pool.Close()
+				r.pool = nil
+			}
+			r.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// Classify is the package's Classify.
+func (s *Source) Classify(err error) source.Classification { return Classify(err) }
+
+// poolOf returns the replica's pool of SQL connections.
+func (r *replica) poolOf() (*pgxpool.Pool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pool != nil {
+		return r.pool, nil
+	}
+	pc, err := pgxpool.ParseConfig(r.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.cfg.DSNEnv, errNoDSN)
+	}
+	pc.MaxConns = 4
+	pc.ConnConfig.ConnectTimeout = connectTimeout
+	pc.ConnConfig.RuntimeParams["application_name"] = "tabletflow"
+	p, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, err
+	}
+	r.pool = p
+	return p, nil
+}
+
+func (s *Source) primary(sh *shard) *replica {
+	for _, r := range sh.replicas {
+		if r.cfg.Type == string(source.TypePrimary) {
+			return r
+		}
+	}
+	return sh.replicas[0] // validation guarantees one
+}
+
+func (s *Source) shardOf(id string) (*shard, error) {
+	for _, sh := range s.shards {
+		if sh.id == id {
+			return sh, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %q", source.ErrUnknownTablet, id)
+}
+
+// ident makes a PostgreSQL identifier of s: lower case, characters other
+// than a-z, 0-9 and _ replaced by _, and cut to max bytes with a hash of
+// the whole when longer.
+func ident(s string, maxLen int) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	if len(b) <= maxLen {
+		return string(b)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	sum := fmt.Sprintf("%08x", h.Sum32())
+	return string(b[:maxLen-len(sum)-1]) + "_" + sum
+}
+
+// PublicationName is the stream's publication on every primary.
+func PublicationName(stream string) string {
+	return "tabletflow_" + ident(stream, 63-len("tabletflow_"))
+}
+
+// SlotName is the stream's slot for a shard, the same name on every replica
+// of the shard (slot names are per server). Shard IDs are at most 32
+// characters of [a-z0-9_] (config validation).
+func SlotName(stream, shard string) string {
+	return "tf_" + ident(stream, 63-len("tf_")-1-len(shard)) + "_" + shard
+}
+
+// streamMeta is what a stream keeps on each shard's primary, as the
+// publication's comment: where the stream starts the shard and on which
+// timeline it was created.
+type streamMeta struct {
+	Start    pglogrepl.LSN `json:"start"`
+	Timeline int32         `json:"timeline"`
+	Created  time.Time     `json:"created"`
+}
+
+// EnsureStream creates, on every shard, the stream's publication on the
+// primary and its slot on every reachable replica, and returns where each
+// shard starts: the latest of its slots' starting points, so that every
+// replica can serve it. A second call returns the same starts (they are
+// kept as the publication's comment). A standby that cannot be reached is
+// skipped (its reader creates the slot later; it serves once the shard's
+// checkpoint passes the new slot's start).
+func (s *Source) EnsureStream(ctx context.Context, spec source.StreamSpec) (source.Stream, error) {
+	if len(spec.Tables) == 0 {
+		return source.Stream{}, fmt.Errorf("stream %s: a postgres stream publishes the tables it names (source.tables)", spec.ID)
+	}
+	st := source.Stream{ID: spec.ID, Tables: spec.Tables, StartFrom: spec.StartFrom, Start: map[string]source.Checkpoint{}}
+	for _, sh := range s.shards {
+		meta, err := s.ensureShard(ctx, spec, sh)
+		if err != nil {
+			return source.Stream{}, fmt.Errorf("shard %s: %w", sh.id, err)
+		}
+		st.Start[sh.id] = source.Checkpoint{Term: uint64(meta.Start)}
+		if st.Created.IsZero() || meta.Created.Before(st.Created) {
+			st.Created = meta.Created
+		}
+	}
+	return st, nil
+}
+
+func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *shard) (streamMeta, error) {
+	stream := spec.ID
+	prim := s.primary(sh)
+	pool, err := prim.poolOf()
+	if err != nil {
+		return streamMeta{}, err
+	}
+	pub := PublicationName(stream)
+	var comment *string
+	err = pool.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment)
+	if errors.Is(err, pgx.ErrNoRows) {
+		tables := make([]string, len(spec.Tables))
+		for i, t := range spec.Tables {
+			schema, name, _ := strings.Cut(t, ".")
+			tables[i] = pgx.Identifier{schema, name}.Sanitize()
+		}
+		// TRUNCATE is not published: a change log of it cannot be replayed
+		// per key (README, limits).
+		_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, update, delete')`,
+			pgx.Identifier{pub}.Sanitize(), strings.Join(tables, ", ")))
+		if err != nil && !isCode(err, "42710") { // duplicate_object: a concurrent ensure
+			return streamMeta{}, fmt.Errorf("create publication on %s: %w", prim.cfg.Alias, err)
+		}
+	} else if err != nil {
+		return streamMeta{}, fmt.Errorf("read publication on %s: %w", prim.cfg.Alias, err)
+	}
+	if comment != nil && *comment != "" {
+		var m streamMeta
+		if err := json.Unmarshal([]byte(*comment), &m); err == nil && m.Start != 0 {
+			// Slots lost since are re-created by their readers.
+			return m, nil
+		}
+	}
+	var start pglogrepl.LSN
+	for _, r := range sh.replicas {
+		lsn, err := s.ensureSlot(ctx, stream, sh, r)
+		if err != nil {
+			if r == prim {
+				return streamMeta{}, err
+			}
+			continue // an unreachable standby: its reader makes the slot later
+		}
+		start = max(start, lsn)
+	}
+	tli, err := prim.timeline(ctx)
+	if err != nil {
+		return streamMeta{}, fmt.Errorf("read timeline on %s: %w", prim.cfg.Alias, err)
+	}
+	m := streamMeta{Start: start, Timeline: tli, Created: time.Now().UTC().Truncate(time.Second)}
+	b, _ := json.Marshal(m)
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
+		return streamMeta{}, fmt.Errorf("record the stream's start on %s: %w", prim.cfg.Alias, err)
+	}
+	return m, nil
+}
+
+// slotRow is a slot's state on one replica.
+type slotRow struct {
+	exists      bool
+	confirmed   pglogrepl.LSN
+	lost        bool
+	invalidated string
+	activePID   *int32
+}
+
+func (r *replica) slot(ctx context.Context, name string) (slotRow, error) {
+	pool, err := r.poolOf()
+	if err != nil {
+		return slotRow{}, err
+	}
+	var row slotRow
+	var confirmed *string
+	var walStatus, reason *string
+	err = pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, wal_status, invalidation_reason, active_pid
+		FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&confirmed, &walStatus, &reason, &row.activePID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return row, nil
+	}
+	if err != nil {
+		return row, err
+	}
+	row.exists = true
+	if confirmed != nil {
+		if row.confirmed, err = pglogrepl.ParseLSN(*confirmed); err != nil {
+			return row, err
+		}
+	}
+	row.lost = walStatus != nil && *walStatus == "lost"
+	if reason != nil {
+		row.invalidated = *reason
+	}
+	if row.lost && row.invalidated == "" {
+		row.invalidated = "wal_removed"
+	}
+	return row, nil
+}
+
+// ensureSlot creates the stream's slot on a replica if it has none, and
+// returns the slot's confirmed position. On a standby, creating a slot
+// waits for a running-transactions record from the primary, which is asked
+// for every second meanwhile.
+func (s *Source) ensureSlot(ctx context.Context, stream string, sh *shard, r *replica) (pglogrepl.LSN, error) {
+	name := SlotName(stream, sh.id)
+	row, err := r.slot(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("read slot on %s: %w", r.cfg.Alias, err)
+	}
+	if row.exists {
+		return row.confirmed, nil
+	}
+	pool, err := r.poolOf()
+	if err != nil {
+		return 0, err
+	}
+	var inRecovery bool
+	if err := pool.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery); err != nil {
+		return 0, fmt.Errorf("%s: %w", r.cfg.Alias, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, slotCreateTimeout)
+	defer cancel()
+	if inRecovery {
+		prim := s.primary(sh)
+		go func() {
+			ppool, err := prim.poolOf()
+			if err != nil {
+				return
+			}
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				_, _ = ppool.Exec(cctx, `SELECT pg_log_standby_snapshot()`)
+				select {
+				case <-cctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	var lsn string
+	err = pool.QueryRow(cctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, name).Scan(&lsn)
+	if isCode(err, "42710") { // created meanwhile by another worker
+		row, err := r.slot(ctx, name)
+		return row.confirmed, err
+	}
+	if err != nil {
+		return 0, fmt.Errorf("create slot %s on %s: %w", name, r.cfg.Alias, err)
+	}
+	return pglogrepl.ParseLSN(lsn)
+}
+
+// DeleteStream drops the stream's slots on every replica (ending a session
+// of ours that still holds one) and its publications.
+func (s *Source) DeleteStream(ctx context.Context, stream string) error {
+	for _, sh := range s.shards {
+		name := SlotName(stream, sh.id)
+		for _, r := range sh.replicas {
+			pool, err := r.poolOf()
+			if err != nil {
+				return err
+			}
+			_, err = pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+				WHERE slot_name = $1 AND active_pid IS NOT NULL`, name)
+			if err == nil {
+				err = dropSlot(ctx, pool, name)
+			}
+			if err != nil {
+				return fmt.Errorf("drop slot %s on %s: %w", name, r.cfg.Alias, err)
+			}
+		}
+		pool, err := s.primary(sh).poolOf()
+		if err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{PublicationName(stream)}.Sanitize()); err != nil {
+			return fmt.Errorf("drop publication on %s: %w", s.primary(sh).cfg.Alias, err)
+		}
+	}
+	return nil
+}
+
+// dropSlot drops a slot if it exists, waiting a little for a terminated
+// session to let go of it.
+func dropSlot(ctx context.Context, pool *pgxpool.Pool, name string) error {
+	var err error
+	for try := 0; try < 50; try++ {
+		_, err = pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+		if !isCode(err, "55006") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+// ListTablets returns the shards with each replica's health as the servers
+// tell it: reachable (Healthy, Serving), in recovery or not (a configured
+// primary found in recovery is reported as a replica, a standby found
+// promoted as the primary), and its replay lag.
+func (s *Source) ListTablets(ctx context.Context) ([]source.Tablet, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.health != nil && time.Since(s.checked) < healthTTL {
+		return cloneTablets(s.health), nil
+	}
+	var wg sync.WaitGroup
+	out := make([]source.Tablet, len(s.shards))
+	for i, sh := range s.shards {
+		out[i] = source.Tablet{ID: sh.id, Replicas: make([]source.Replica, len(sh.replicas))}
+		for j, r := range sh.replicas {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out[i].Replicas[j] = r.health(ctx)
+			}()
+		}
+	}
+	wg.Wait()
+	s.health, s.checked = out, time.Now()
+	return cloneTablets(out), nil
+}
+
+func cloneTablets(ts []source.Tablet) []source.Tablet {
+	out := make([]source.Tablet, len(ts))
+	for i, t := range ts {
+		out[i] = t
+		out[i].Replicas = append([]source.Replica(nil), t.Replicas...)
+	}
+	return out
+}
+
+func (r *replica) health(ctx context.Context) source.Replica {
+	rep := source.Replica{Tablet: r.shard, Alias: r.cfg.Alias, Cell: r.cfg.Cell, Type: source.TabletType(r.cfg.Type), Address: r.host}
+	pool, err := r.poolOf()
+	if err != nil {
+		return rep
+	}
+	hctx, cancel := context.WithTimeout(ctx, healthTimeout)
+	defer cancel()
+	var inRecovery bool
+	var lag float64
+	err = pool.QueryRow(hctx, `SELECT pg_is_in_recovery(),
+		CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0
+		     ELSE COALESCE(EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()), 0) END`).Scan(&inRecovery, &lag)
+	if err != nil {
+		return rep
+	}
+	rep.Healthy, rep.Serving = true, true
+	rep.Lag = time.Duration(max(lag, 0) * float64(time.Second))
+	switch {
+	case !inRecovery:
+		rep.Type = source.TypePrimary
+	case rep.Type == source.TypePrimary:
+		rep.Type = source.TypeReplica
+	}
+	return rep
+}
+
+// OpenReplica returns a reader of one replica's slot. It does not connect.
+func (s *Source) OpenReplica(_ context.Context, rep source.Replica) (source.ReplicaReader, error) {
+	sh, err := s.shardOf(rep.Tablet)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range sh.replicas {
+		if r.cfg.Alias == rep.Alias {
+			return &Reader{src: s, sh: sh, rep: r}, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %q of shard %s", source.ErrUnknownReplica, rep.Alias, rep.Tablet)
+}
+
+// replConn opens a replication connection (replication=database) to the
+// replica, named so that an operator can tell whose it is, and asking the
+// server to drop it after walSenderTimeout without a word from us.
+func (r *replica) replConn(ctx context.Context, name string) (*pgconn.PgConn, error) {
+	pc, err := pgconn.ParseConfig(r.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.cfg.DSNEnv, errNoDSN)
+	}
+	pc.ConnectTimeout = connectTimeout
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = name
+	pc.RuntimeParams["wal_sender_timeout"] = walSenderTimeout
+	return pgconn.ConnectConfig(ctx, pc)
+}
+
+// timeline is the replica's current timeline (IDENTIFY_SYSTEM).
+func (r *replica) timeline(ctx context.Context) (int32, error) {
+	conn, err := r.replConn(ctx, "tabletflow")
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	return sys.Timeline, err
+}
+
+func isCode(err error, code string) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == code
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -1,0 +1,311 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/source/postgres"
+	"github.com/tabletflow/tabletflow/testbed/pgbed"
+)
+
+// bed is a test bed and a Source over it: shard i is "s<i+1>", its primary
+// "zone1-s<i+1>p" and its standbys "zone2-s<i+1>a", "zone3-s<i+1>b", each
+// DSN in a variable of its own.
+type bed struct {
+	c   *pgbed.Cluster
+	src *postgres.Source
+	cfg config.Source
+}
+
+func newBed(t *testing.T, opts pgbed.Options) *bed {
+	t.Helper()
+	c := pgbed.StartT(t, opts)
+	env := map[string]string{}
+	cfg := config.Source{Kind: "postgres", Tables: pgbed.Tables}
+	for i, sh := range c.Shards {
+		id := fmt.Sprintf("s%d", i+1)
+		s := config.Shard{ID: id}
+		for j, n := range sh.Nodes() {
+			cell, role, typ := fmt.Sprintf("zone%d", j+1), string(rune('a'+j-1)), "REPLICA"
+			if j == 0 {
+				role, typ = "p", "PRIMARY"
+			}
+			dsnEnv := strings.ToUpper(fmt.Sprintf("%s_%s_DSN", id, role))
+			env[dsnEnv] = n.DSN()
+			s.Replicas = append(s.Replicas, config.ShardReplica{Alias: cell + "-" + id + role, Cell: cell, Type: typ, DSNEnv: dsnEnv})
+		}
+		cfg.Shards = append(cfg.Shards, s)
+	}
+	src, err := postgres.New(cfg, func(k string) string { return env[k] })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	return &bed{c: c, src: src, cfg: cfg}
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// reader opens a replica of shard s1 by alias.
+func (b *bed) reader(t *testing.T, alias string) *postgres.Reader {
+	t.Helper()
+	rd, err := b.src.OpenReplica(context.Background(), source.Replica{Tablet: "s1", Alias: alias})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rd.(*postgres.Reader).Close() })
+	return rd.(*postgres.Reader)
+}
+
+// read reads from rd after from until it has at least want records, or,
+// with want < 0, until two polls in a row bring nothing; it acks each
+// batch. It checks that every batch holds whole transactions and that
+// positions increase.
+func read(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoint, want int) ([]source.Record, source.Checkpoint) {
+	t.Helper()
+	ctx := ctxT(t, 2*time.Minute)
+	var out []source.Record
+	empty := 0
+	cp := from
+	for want < 0 && empty < 2 || want >= 0 && len(out) < want {
+		b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: 50, MaxWait: 300 * time.Millisecond})
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, b.Checkpoint.Compare(cp), 0, "the checkpoint never goes back")
+		if len(b.Records) == 0 {
+			empty++
+		} else {
+			empty = 0
+			last := b.Records[len(b.Records)-1].Position
+			require.Equal(t, last, b.Checkpoint, "the checkpoint is the last record's position")
+			require.Equal(t, uint64(len(slices.DeleteFunc(slices.Clone(b.Records), func(r source.Record) bool { return r.Position.Term != last.Term }))),
+				last.Index, "a batch ends with a whole transaction")
+		}
+		for _, r := range b.Records {
+			require.Equal(t, 1, r.Position.Compare(cp), "positions increase: %s after %s", r.Position, cp)
+			cp = r.Position
+		}
+		cp = b.Checkpoint
+		require.NoError(t, rd.Ack(ctx, stream, "s1", cp))
+		out = append(out, b.Records...)
+	}
+	return out, cp
+}
+
+// replay applies records to tables of rows by key, every value as its text
+// form; a column left out of an update's after (an unchanged TOAST value)
+// keeps its value.
+func replay(t *testing.T, recs []source.Record) map[string]map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]map[string]any{}
+	for _, r := range recs {
+		tbl := out[r.Table]
+		if tbl == nil {
+			tbl = map[string]map[string]any{}
+			out[r.Table] = tbl
+		}
+		key := string(r.Key)
+		if r.Op == source.Delete {
+			require.Contains(t, tbl, key, "delete of a row the replay has (%s %s)", r.Table, key)
+			delete(tbl, key)
+			continue
+		}
+		row := map[string]any{}
+		if r.Op == source.Update { // the workload never changes a key
+			for k, v := range tbl[key] {
+				row[k] = v
+			}
+		}
+		var after map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(r.After, &after))
+		for k, v := range after {
+			row[k] = text(t, v)
+		}
+		tbl[key] = row
+	}
+	return out
+}
+
+// text is a record value as PostgreSQL's text form (nil for null).
+func text(t *testing.T, v json.RawMessage) any {
+	var x any
+	require.NoError(t, json.Unmarshal(v, &x))
+	switch x := x.(type) {
+	case nil:
+		return nil
+	case string:
+		return x
+	}
+	return string(v)
+}
+
+// sourceRows reads a shard's tables on its primary as the replay keeps
+// them: by the record key's JSON, every column as its text form.
+func sourceRows(t *testing.T, n *pgbed.Node) map[string]map[string]map[string]any {
+	t.Helper()
+	ctx := ctxT(t, 30*time.Second)
+	conn, err := n.Connect(ctx)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	out := map[string]map[string]map[string]any{}
+	for _, table := range pgbed.Tables {
+		schema, name, _ := strings.Cut(table, ".")
+		rows, err := conn.Query(ctx, `SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position`, schema, name)
+		require.NoError(t, err)
+		var cols []string
+		for rows.Next() {
+			var c string
+			require.NoError(t, rows.Scan(&c))
+			cols = append(cols, c)
+		}
+		require.NoError(t, rows.Err())
+		parts := make([]string, len(cols))
+		for i, c := range cols {
+			parts[i] = fmt.Sprintf("'%s', t.%s::text", c, c)
+		}
+		q := fmt.Sprintf(`SELECT jsonb_build_object(%s)::text FROM %s t`, strings.Join(parts, ", "), table)
+		rows, err = conn.Query(ctx, q)
+		require.NoError(t, err)
+		tbl := map[string]map[string]any{}
+		for rows.Next() {
+			var s string
+			require.NoError(t, rows.Scan(&s))
+			var row map[string]any
+			require.NoError(t, json.Unmarshal([]byte(s), &row))
+			tbl[fmt.Sprintf(`{"id":%s}`, row["id"])] = row // the primary key, a bigint
+		}
+		require.NoError(t, rows.Err())
+		out[table] = tbl
+	}
+	return out
+}
+
+func TestStreamFromAStandbyIsExactAndMovesToAnotherReplica(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 2})
+	ctx := ctxT(t, 3*time.Minute)
+	const stream = "orders"
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables, StartFrom: source.StartEarliest})
+	require.NoError(t, err)
+	start := st.Start["s1"]
+	require.False(t, start.IsZero())
+	again, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables, StartFrom: source.StartEarliest})
+	require.NoError(t, err)
+	require.Equal(t, start, again.Start["s1"], "EnsureStream is idempotent")
+
+	w := b.c.StartWorkload(pgbed.WorkloadOptions{Rate: 300, Count: 400, Seed: 7})
+	require.NoError(t, w.Wait())
+	require.NoError(t, b.c.WaitReplayed(ctx))
+
+	// The other replicas' slots are advanced at a reader's first ack only
+	// (to c1, the first batch), so that which replica can serve what is
+	// known below.
+	defer postgres.SetAdvanceEvery(time.Hour)()
+	standby := b.cfg.Shards[0].Replicas[1].Alias
+	rd := b.reader(t, standby)
+	first, c1 := read(t, rd, stream, start, 1)
+	more, mid := read(t, rd, stream, c1, 300)
+	first = append(first, more...)
+	// The standby's slot now stands at mid: it cannot serve c1 any more
+	// (PostgreSQL would skip ahead silently) and says so, while the other
+	// replicas (at c1) can.
+	ask := func(from source.Checkpoint) error {
+		_, err := b.reader(t, standby).GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: 10, MaxWait: time.Second})
+		require.Error(t, err)
+		return err
+	}
+	err = ask(c1)
+	require.Equal(t, source.RetryElsewhere, b.src.Classify(err).Action, "%v", err)
+	require.Equal(t, "POSITION_MISMATCH", b.src.Classify(err).Reason)
+	// No replica can go back to the start: every slot is past it.
+	err = ask(start)
+	require.Equal(t, source.Expired, b.src.Classify(err).Action, "%v", err)
+
+	// Another replica continues from mid: nothing lost, nothing twice.
+	rest, _ := read(t, b.reader(t, b.cfg.Shards[0].Replicas[0].Alias), stream, mid, -1)
+	all := append(first, rest...)
+	seen := map[source.Checkpoint]bool{}
+	for _, r := range all {
+		require.False(t, seen[r.Position], "position %s twice", r.Position)
+		seen[r.Position] = true
+	}
+	require.Equal(t, sourceRows(t, b.c.Shards[0].Primary), replay(t, all), "replaying the records gives the shard's tables")
+	t.Logf("%d records (workload: %+v), moved at %s", len(all), w.Stats(), mid)
+}
+
+func TestNoReplicaHoldingTheCheckpointMeansExpired(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx := ctxT(t, 2*time.Minute)
+	const stream = "lost"
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables})
+	require.NoError(t, err)
+	for _, n := range b.c.Shards[0].Nodes() {
+		require.NoError(t, n.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, postgres.SlotName(stream, "s1")))
+	}
+	require.NoError(t, b.c.Shards[0].Primary.Exec(ctx, `INSERT INTO public.items VALUES (1, 1, 'x', 1, 'b')`))
+	_, err = b.reader(t, b.cfg.Shards[0].Replicas[1].Alias).GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: st.Start["s1"], MaxRecords: 10, MaxWait: time.Second})
+	require.Error(t, err)
+	require.Equal(t, source.Expired, b.src.Classify(err).Action, "%v", err)
+	require.Contains(t, err.Error(), "no replica of the shard can serve")
+
+	// The slot was re-created on the replica read: it serves from its own
+	// start on (a checkpoint past it).
+	var lsn string
+	require.NoError(t, b.c.Shards[0].Standbys[0].QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`,
+		postgres.SlotName(stream, "s1")).Scan(&lsn))
+	l, err := pglogrepl.ParseLSN(lsn)
+	require.NoError(t, err)
+	_, err = b.reader(t, b.cfg.Shards[0].Replicas[1].Alias).GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: source.Checkpoint{Term: uint64(l)}, MaxRecords: 10, MaxWait: 200 * time.Millisecond})
+	require.NoError(t, err)
+}
+
+func TestDeleteStreamDropsSlotsAndPublication(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx := ctxT(t, 2*time.Minute)
+	_, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: "gone", Tables: pgbed.Tables})
+	require.NoError(t, err)
+	count := func(n *pgbed.Node, q string) int {
+		var k int
+		require.NoError(t, n.QueryRow(ctx, q).Scan(&k))
+		return k
+	}
+	for _, n := range b.c.Shards[0].Nodes() {
+		require.Equal(t, 1, count(n, `SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'`), n.Name)
+	}
+	require.NoError(t, b.src.DeleteStream(ctx, "gone"))
+	require.NoError(t, b.src.DeleteStream(ctx, "gone"), "deleting an absent stream is fine")
+	for _, n := range b.c.Shards[0].Nodes() {
+		require.Zero(t, count(n, `SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'`), n.Name)
+	}
+	require.Zero(t, count(b.c.Shards[0].Primary, `SELECT count(*) FROM pg_publication`))
+}
+
+func TestListTabletsReportsEachReplicasRoleAndReach(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 2, Standbys: 1})
+	ctx := ctxT(t, time.Minute)
+	require.NoError(t, b.c.Shards[1].Standbys[0].Stop())
+	time.Sleep(1100 * time.Millisecond) // past the health cache's second
+	tablets, err := b.src.ListTablets(ctx)
+	require.NoError(t, err)
+	require.Len(t, tablets, 2)
+	got := map[string]source.Replica{}
+	for _, tab := range tablets {
+		for _, r := range tab.Replicas {
+			got[r.Alias] = r
+		}
+	}
+	require.True(t, got["zone1-s1p"].Healthy)
+	require.Equal(t, source.TypePrimary, got["zone1-s1p"].Type)
+	require.True(t, got["zone2-s1a"].Healthy)
+	require.Equal(t, source.TypeReplica, got["zone2-s1a"].Type)
+	require.False(t, got["zone2-s2a"].Healthy, "a stopped standby is not healthy")
+	require.Equal(t, "zone2", got["zone2-s2a"].Cell)
+}

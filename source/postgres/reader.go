@@ -1,0 +1,438 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/tabletflow/tabletflow/source"
+)
+
+const (
+	// statusEvery: a standby status update (our committed position) goes
+	// to the server at least this often while reading, well within
+	// walSenderTimeout.
+	statusEvery = 5 * time.Second
+	// linger: once a batch has records, how long to wait for more that are
+	// already on their way before returning it.
+	linger = 5 * time.Millisecond
+	// freeSlotWait bounds waiting for a stale session of ours to let go of
+	// the slot after it was terminated.
+	freeSlotWait = 5 * time.Second
+)
+
+// advanceEvery: how often the slots of the shard's other replicas are
+// advanced to the committed checkpoint, so they pin no more WAL than the
+// slot being read (a variable for tests).
+var advanceEvery = 10 * time.Second
+
+// Reader reads one replica's slot of a shard. It keeps its replication
+// connection between GetChanges calls that continue where the last one
+// ended, and reconnects at the requested checkpoint otherwise. It is not
+// safe for concurrent use; Close ends the connection.
+type Reader struct {
+	src *Source
+	sh  *shard
+	rep *replica
+
+	stream string
+	conn   *pgconn.PgConn
+	// pos: everything up to it was returned by GetChanges (the checkpoint
+	// the next call continues from).
+	pos source.Checkpoint
+	// acked: the committed checkpoint's LSN, as sent to the server.
+	acked pglogrepl.LSN
+	// idle: a WAL position up to which every transaction was received, seen
+	// with no transaction open (a keepalive, a heartbeat message, an empty
+	// commit); an empty batch advances the checkpoint to it.
+	idle       pglogrepl.LSN
+	rels       map[uint32]*pglogrepl.RelationMessage
+	keys       map[uint32][]bool
+	open       *openTxn
+	ready      []whole
+	lastStatus time.Time
+	advanced   time.Time
+}
+
+// openTxn is a transaction being received; whole is one received to its
+// commit, its records numbered.
+type openTxn struct {
+	commitTime time.Time
+	records    []source.Record
+}
+
+type whole struct {
+	cp      source.Checkpoint
+	records []source.Record
+}
+
+var _ source.ReplicaReader = (*Reader)(nil)
+
+// GetChanges returns whole transactions after req.From, up to MaxRecords
+// records (one transaction larger than that comes whole), waiting up to
+// MaxWait for the first. With nothing to return it may still advance the
+// checkpoint to a position every transaction before which was received.
+func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (source.Batch, error) {
+	if req.Tablet != r.sh.id {
+		return source.Batch{}, fmt.Errorf("%w: reader of shard %s asked for %q", source.ErrUnknownTablet, r.sh.id, req.Tablet)
+	}
+	if r.conn == nil || r.stream != req.Stream || (!req.From.IsZero() && req.From != r.pos) {
+		r.Close()
+		if err := r.start(ctx, req.Stream, req.From); err != nil {
+			return source.Batch{}, err
+		}
+	}
+	deadline := time.Now().Add(req.MaxWait)
+	b := source.Batch{Checkpoint: r.pos}
+	n := 0
+	for {
+		for len(r.ready) > 0 && (n == 0 || n+len(r.ready[0].records) <= req.MaxRecords) {
+			t := r.ready[0]
+			r.ready = r.ready[1:]
+			b.Records = append(b.Records, t.records...)
+			b.Checkpoint = t.cp
+			n += len(t.records)
+		}
+		if n >= req.MaxRecords || len(r.ready) > 0 {
+			break
+		}
+		wait := time.Until(deadline)
+		if n > 0 {
+			wait = min(wait, linger)
+		}
+		if wait <= 0 {
+			break
+		}
+		got, err := r.receive(ctx, wait)
+		if err != nil {
+			r.Close()
+			return source.Batch{}, err
+		}
+		if !got && n > 0 {
+			break
+		}
+	}
+	if n == 0 && r.open == nil && uint64(r.idle) > b.Checkpoint.Term {
+		b.Checkpoint = source.Checkpoint{Term: uint64(r.idle)}
+	}
+	b.CaughtUp = len(r.ready) == 0 && n < req.MaxRecords
+	r.pos = b.Checkpoint
+	if time.Since(r.lastStatus) > statusEvery {
+		if err := r.sendStatus(); err != nil {
+			r.Close()
+			return source.Batch{}, err
+		}
+	}
+	return b, nil
+}
+
+// Ack reports the committed checkpoint to the server (write = flush =
+// apply, so the slot frees WAL up to it and no further), and now and then
+// advances the shard's other slots to it.
+func (r *Reader) Ack(ctx context.Context, stream, tablet string, cp source.Checkpoint) error {
+	lsn := pglogrepl.LSN(cp.Term)
+	if lsn <= r.acked {
+		return nil
+	}
+	r.acked = lsn
+	if r.conn != nil && r.stream == stream {
+		if err := r.sendStatus(); err != nil {
+			r.Close()
+			return err
+		}
+	}
+	if time.Since(r.advanced) > advanceEvery {
+		r.advanced = time.Now()
+		r.advanceOthers(ctx, stream, lsn)
+	}
+	return nil
+}
+
+// Close ends the replication connection.
+func (r *Reader) Close() error {
+	if r.conn != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = r.conn.Close(cctx)
+		cancel()
+		r.conn = nil
+	}
+	r.open, r.ready, r.rels = nil, nil, nil
+	return nil
+}
+
+// start checks that the replica's slot can serve from, and starts
+// replication at it.
+func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoint) error {
+	name := SlotName(stream, r.sh.id)
+	row, err := r.rep.slot(ctx, name)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !row.exists:
+		// Re-create it now: it serves once the checkpoint passes its start.
+		if _, err := r.src.ensureSlot(ctx, stream, r.sh, r.rep); err != nil {
+			return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s; re-creating it failed: %v)", errSlotMissing, r.rep.cfg.Alias, err))
+		}
+		return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s; re-created, usable once the checkpoint passes its start)", errSlotMissing, r.rep.cfg.Alias))
+	case row.invalidated != "":
+		return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s: %s)", errSlotInvalidated, r.rep.cfg.Alias, row.invalidated))
+	case !from.IsZero() && uint64(row.confirmed) > from.Term:
+		return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s: slot at %s, checkpoint at %s)",
+			errSlotAhead, r.rep.cfg.Alias, row.confirmed, pglogrepl.LSN(from.Term)))
+	case row.activePID != nil:
+		if err := r.freeSlot(ctx, name, stream); err != nil {
+			return err
+		}
+	}
+	if from.IsZero() {
+		from = source.Checkpoint{Term: uint64(row.confirmed)}
+	}
+	conn, err := r.rep.replConn(ctx, appName(stream, r.sh.id))
+	if err != nil {
+		return err
+	}
+	err = pglogrepl.StartReplication(ctx, conn, name, pglogrepl.LSN(from.Term), pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(PublicationName(stream)),
+			"messages 'true'"},
+	})
+	if err != nil {
+		_ = conn.Close(context.Background())
+		return err
+	}
+	r.conn, r.stream, r.pos = conn, stream, from
+	r.acked = pglogrepl.LSN(from.Term)
+	r.idle = 0
+	r.rels = map[uint32]*pglogrepl.RelationMessage{}
+	return nil
+}
+
+// appName names our replication sessions (pg_stat_replication's
+// application_name): a stale one of ours may be ended by a later reader.
+func appName(stream, shard string) string { return "tabletflow/" + stream + "/" + shard }
+
+// freeSlot ends a session of ours that still holds the slot (a worker that
+// died without closing it) and waits for the slot to be free. A slot held
+// by anything else is left alone: 55006 from START_REPLICATION then says so.
+func (r *Reader) freeSlot(ctx context.Context, name, stream string) error {
+	pool, err := r.rep.poolOf()
+	if err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(s.active_pid) FROM pg_replication_slots s
+		JOIN pg_stat_replication a ON a.pid = s.active_pid
+		WHERE s.slot_name = $1 AND a.application_name = $2`, name, appName(stream, r.sh.id)); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(freeSlotWait)
+	for time.Now().Before(deadline) {
+		row, err := r.rep.slot(ctx, name)
+		if err != nil || row.activePID == nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil // START_REPLICATION reports 55006 if it is still held
+}
+
+// unservable returns cause, or errExpired when every replica of the shard
+// answered and none can serve from (no slot, an invalidated one, or one
+// past the checkpoint): the history the tablet needs is gone.
+func (s *Source) unservable(ctx context.Context, stream string, sh *shard, from source.Checkpoint, cause error) error {
+	name := SlotName(stream, sh.id)
+	for _, r := range sh.replicas {
+		row, err := r.slot(ctx, name)
+		if err != nil {
+			return cause // cannot tell: maybe that one can
+		}
+		if row.exists && row.invalidated == "" && (from.IsZero() || uint64(row.confirmed) <= from.Term) {
+			return cause
+		}
+	}
+	return fmt.Errorf("%w at %s: %w", errExpired, pglogrepl.LSN(from.Term), cause)
+}
+
+// receive handles one message from the server, waiting up to wait for it.
+// got is false when none came.
+func (r *Reader) receive(ctx context.Context, wait time.Duration) (got bool, err error) {
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	msg, err := r.conn.ReceiveMessage(rctx)
+	cancel()
+	if err != nil {
+		if pgconn.Timeout(err) && ctx.Err() == nil {
+			return false, nil
+		}
+		return false, err
+	}
+	switch m := msg.(type) {
+	case *pgproto3.ErrorResponse:
+		return false, pgconn.ErrorResponseToPgError(m)
+	case *pgproto3.CopyData:
+		if len(m.Data) == 0 {
+			return true, nil
+		}
+		switch m.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+			if err != nil {
+				return false, err
+			}
+			if r.open == nil {
+				r.idle = max(r.idle, k.ServerWALEnd)
+			}
+			if k.ReplyRequested {
+				return true, r.sendStatus()
+			}
+		case pglogrepl.XLogDataByteID:
+			x, err := pglogrepl.ParseXLogData(m.Data[1:])
+			if err != nil {
+				return false, err
+			}
+			return true, r.decode(x.WALData)
+		}
+	}
+	return true, nil
+}
+
+// decode applies one pgoutput message.
+func (r *Reader) decode(data []byte) error {
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message: %w", err)
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessage:
+		r.rels[m.RelationID] = m
+		delete(r.keys, m.RelationID) // the table may have changed
+	case *pglogrepl.BeginMessage:
+		r.open = &openTxn{commitTime: m.CommitTime}
+	case *pglogrepl.InsertMessage:
+		return r.add(m.RelationID, source.Insert, 0, nil, m.Tuple)
+	case *pglogrepl.UpdateMessage:
+		return r.add(m.RelationID, source.Update, m.OldTupleType, m.OldTuple, m.NewTuple)
+	case *pglogrepl.DeleteMessage:
+		return r.add(m.RelationID, source.Delete, m.OldTupleType, m.OldTuple, nil)
+	case *pglogrepl.CommitMessage:
+		if r.open == nil {
+			return fmt.Errorf("pgoutput: commit at %s without begin", m.TransactionEndLSN)
+		}
+		end := m.TransactionEndLSN
+		recs := r.open.records
+		r.open = nil
+		if len(recs) == 0 {
+			r.idle = max(r.idle, end)
+			return nil
+		}
+		for i := range recs {
+			recs[i].Position = source.Checkpoint{Term: uint64(end), Index: uint64(i + 1)}
+			recs[i].CommitTime = m.CommitTime
+		}
+		r.ready = append(r.ready, whole{cp: recs[len(recs)-1].Position, records: recs})
+	case *pglogrepl.LogicalDecodingMessage:
+		// A heartbeat (or any message) outside a transaction: everything
+		// that committed before it was sent before it.
+		if !m.Transactional && r.open == nil {
+			r.idle = max(r.idle, m.LSN)
+		}
+	}
+	return nil
+}
+
+func (r *Reader) add(rel uint32, op source.Op, oldType uint8, old, new *pglogrepl.TupleData) error {
+	if r.open == nil {
+		return fmt.Errorf("pgoutput: %s outside a transaction", op)
+	}
+	rm, ok := r.rels[rel]
+	if !ok {
+		return fmt.Errorf("pgoutput: %s on relation %d before its description", op, rel)
+	}
+	key, err := r.keyOf(rm)
+	if err != nil {
+		return err
+	}
+	rec, err := record(rm, key, op, oldType, old, new)
+	if err != nil {
+		return err
+	}
+	rec.Tablet = r.sh.id
+	r.open.records = append(r.open.records, rec)
+	return nil
+}
+
+// keyOf marks a relation's primary key columns, read from the replica's
+// catalog once per relation description; a table without a primary key is
+// keyed by its replica identity's columns.
+func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
+	if k, ok := r.keys[rel.RelationID]; ok {
+		return k, nil
+	}
+	pool, err := r.rep.poolOf()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := pool.Query(ctx, `SELECT a.attname FROM pg_index i
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+		WHERE i.indrelid = $1 AND i.indisprimary`, rel.RelationID)
+	if err != nil {
+		return nil, fmt.Errorf("primary key of %s.%s: %w", rel.Namespace, rel.RelationName, err)
+	}
+	pk := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		pk[name] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("primary key of %s.%s: %w", rel.Namespace, rel.RelationName, err)
+	}
+	key := make([]bool, len(rel.Columns))
+	for i, c := range rel.Columns {
+		key[i] = pk[c.Name] || len(pk) == 0 && c.Flags&1 == 1
+	}
+	if r.keys == nil {
+		r.keys = map[uint32][]bool{}
+	}
+	r.keys[rel.RelationID] = key
+	return key, nil
+}
+
+// sendStatus tells the server our committed position.
+func (r *Reader) sendStatus() error {
+	r.lastStatus = time.Now()
+	return pglogrepl.SendStandbyStatusUpdate(context.Background(), r.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: r.acked, WALFlushPosition: r.acked, WALApplyPosition: r.acked,
+	})
+}
+
+// advanceOthers moves the stream's idle slots on the shard's other replicas
+// up to lsn (never back, never one in use), best effort: a slot left
+// behind only pins WAL, and a reader of it checks its position anyway.
+func (r *Reader) advanceOthers(ctx context.Context, stream string, lsn pglogrepl.LSN) {
+	name := SlotName(stream, r.sh.id)
+	for _, o := range r.sh.replicas {
+		if o == r.rep {
+			continue
+		}
+		pool, err := o.poolOf()
+		if err != nil {
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		_, _ = pool.Exec(actx, `SELECT pg_replication_slot_advance(slot_name, $2::pg_lsn) FROM pg_replication_slots
+			WHERE slot_name = $1 AND active_pid IS NULL AND NOT conflicting AND confirmed_flush_lsn < $2::pg_lsn`, name, lsn.String())
+		cancel()
+	}
+}
