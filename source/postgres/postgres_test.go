@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -101,94 +100,6 @@ func read(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoi
 	return out, cp
 }
 
-// replay applies records to tables of rows by key, every value as its text
-// form; a column left out of an update's after (an unchanged TOAST value)
-// keeps its value.
-func replay(t *testing.T, recs []source.Record) map[string]map[string]map[string]any {
-	t.Helper()
-	out := map[string]map[string]map[string]any{}
-	for _, r := range recs {
-		tbl := out[r.Table]
-		if tbl == nil {
-			tbl = map[string]map[string]any{}
-			out[r.Table] = tbl
-		}
-		key := string(r.Key)
-		if r.Op == source.Delete {
-			require.Contains(t, tbl, key, "delete of a row the replay has (%s %s)", r.Table, key)
-			delete(tbl, key)
-			continue
-		}
-		row := map[string]any{}
-		if r.Op == source.Update { // the workload never changes a key
-			for k, v := range tbl[key] {
-				row[k] = v
-			}
-		}
-		var after map[string]json.RawMessage
-		require.NoError(t, json.Unmarshal(r.After, &after))
-		for k, v := range after {
-			row[k] = text(t, v)
-		}
-		tbl[key] = row
-	}
-	return out
-}
-
-// text is a record value as PostgreSQL's text form (nil for null).
-func text(t *testing.T, v json.RawMessage) any {
-	var x any
-	require.NoError(t, json.Unmarshal(v, &x))
-	switch x := x.(type) {
-	case nil:
-		return nil
-	case string:
-		return x
-	}
-	return string(v)
-}
-
-// sourceRows reads a shard's tables on its primary as the replay keeps
-// them: by the record key's JSON, every column as its text form.
-func sourceRows(t *testing.T, n *pgbed.Node) map[string]map[string]map[string]any {
-	t.Helper()
-	ctx := ctxT(t, 30*time.Second)
-	conn, err := n.Connect(ctx)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	out := map[string]map[string]map[string]any{}
-	for _, table := range pgbed.Tables {
-		schema, name, _ := strings.Cut(table, ".")
-		rows, err := conn.Query(ctx, `SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position`, schema, name)
-		require.NoError(t, err)
-		var cols []string
-		for rows.Next() {
-			var c string
-			require.NoError(t, rows.Scan(&c))
-			cols = append(cols, c)
-		}
-		require.NoError(t, rows.Err())
-		parts := make([]string, len(cols))
-		for i, c := range cols {
-			parts[i] = fmt.Sprintf("'%s', t.%s::text", c, c)
-		}
-		q := fmt.Sprintf(`SELECT jsonb_build_object(%s)::text FROM %s t`, strings.Join(parts, ", "), table)
-		rows, err = conn.Query(ctx, q)
-		require.NoError(t, err)
-		tbl := map[string]map[string]any{}
-		for rows.Next() {
-			var s string
-			require.NoError(t, rows.Scan(&s))
-			var row map[string]any
-			require.NoError(t, json.Unmarshal([]byte(s), &row))
-			tbl[fmt.Sprintf(`{"id":%s}`, row["id"])] = row // the primary key, a bigint
-		}
-		require.NoError(t, rows.Err())
-		out[table] = tbl
-	}
-	return out
-}
-
 func TestStreamFromAStandbyIsExactAndMovesToAnotherReplica(t *testing.T) {
 	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 2})
 	ctx := ctxT(t, 3*time.Minute)
@@ -237,7 +148,11 @@ func TestStreamFromAStandbyIsExactAndMovesToAnotherReplica(t *testing.T) {
 		require.False(t, seen[r.Position], "position %s twice", r.Position)
 		seen[r.Position] = true
 	}
-	require.Equal(t, sourceRows(t, b.c.Shards[0].Primary), replay(t, all), "replaying the records gives the shard's tables")
+	want, err := b.c.Shards[0].Primary.TextTables(ctx)
+	require.NoError(t, err)
+	got, err := pgbed.Replay(all)
+	require.NoError(t, err)
+	require.Equal(t, want, got, "replaying the records gives the shard's tables")
 	t.Logf("%d records (workload: %+v), moved at %s", len(all), w.Stats(), mid)
 }
 
