@@ -67,6 +67,9 @@ type Source struct {
 type shard struct {
 	id       string
 	replicas []*replica
+
+	mu       sync.Mutex
+	lastBeat time.Time
 }
 
 // replica is one server of a shard and its connection pool, made on first
@@ -391,6 +394,41 @@ func (s *Source) ensureSlot(ctx context.Context, stream string, sh *shard, r *re
 		return 0, fmt.Errorf("create slot %s on %s: %w", name, r.cfg.Alias, err)
 	}
 	return pglogrepl.ParseLSN(lsn)
+}
+
+// recreateSlot drops the stream's slot on a replica (an invalidated one)
+// and makes a new one.
+func (s *Source) recreateSlot(ctx context.Context, stream string, sh *shard, r *replica) error {
+	pool, err := r.poolOf()
+	if err != nil {
+		return err
+	}
+	if err := dropSlot(ctx, pool, SlotName(stream, sh.id)); err != nil {
+		return err
+	}
+	_, err = s.ensureSlot(ctx, stream, sh, r)
+	return err
+}
+
+func (s *Source) lastHeartbeat(sh *shard) time.Time {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.lastBeat
+}
+
+// heartbeat writes a non-transactional logical message on the shard's
+// primary (best effort: a primary that is down has no WAL to pin).
+func (s *Source) heartbeat(ctx context.Context, sh *shard) {
+	sh.mu.Lock()
+	sh.lastBeat = time.Now()
+	sh.mu.Unlock()
+	pool, err := s.primary(sh).poolOf()
+	if err != nil {
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, _ = pool.Exec(hctx, `SELECT pg_logical_emit_message(false, 'tabletflow.heartbeat', '')`)
 }
 
 // DeleteStream drops the stream's slots on every replica (ending a session

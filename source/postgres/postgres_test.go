@@ -224,3 +224,106 @@ func TestListTabletsReportsEachReplicasRoleAndReach(t *testing.T) {
 	require.False(t, got["zone2-s2a"].Healthy, "a stopped standby is not healthy")
 	require.Equal(t, "zone2", got["zone2-s2a"].Cell)
 }
+
+// slotState is the stream's slot on a node: its confirmed position and
+// why it was invalidated ("" if it was not).
+func slotState(t *testing.T, ctx context.Context, n *pgbed.Node, stream string) (pglogrepl.LSN, string) {
+	t.Helper()
+	var lsn, reason *string
+	require.NoError(t, n.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, COALESCE(invalidation_reason, CASE WHEN wal_status = 'lost' THEN 'lost' END)
+		FROM pg_replication_slots WHERE slot_name = $1`, postgres.SlotName(stream, "s1")).Scan(&lsn, &reason))
+	var l pglogrepl.LSN
+	if lsn != nil {
+		var err error
+		l, err = pglogrepl.ParseLSN(*lsn)
+		require.NoError(t, err)
+	}
+	if reason == nil {
+		return l, ""
+	}
+	return l, *reason
+}
+
+// A shard whose published tables are idle still advances: the reader
+// writes a heartbeat on the primary, which reaches the standby's slot, and
+// the empty batches' checkpoint (acked) moves the slot on.
+func TestAnIdleShardAdvancesItsCheckpointAndSlot(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx := ctxT(t, time.Minute)
+	const stream = "idle"
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables})
+	require.NoError(t, err)
+	rd := b.reader(t, b.cfg.Shards[0].Replicas[1].Alias)
+	cp := st.Start["s1"]
+	deadline := time.Now().Add(30 * time.Second)
+	for cp.Compare(st.Start["s1"]) <= 0 {
+		require.True(t, time.Now().Before(deadline), "the checkpoint of an idle shard advances within 30s")
+		batch, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: 10, MaxWait: 500 * time.Millisecond})
+		require.NoError(t, err)
+		require.Empty(t, batch.Records, "no change to the published tables")
+		cp = batch.Checkpoint
+	}
+	require.Zero(t, cp.Index, "an idle advance is a position between transactions")
+	require.NoError(t, rd.Ack(ctx, stream, "s1", cp))
+	require.Eventually(t, func() bool {
+		l, _ := slotState(t, ctx, b.c.Shards[0].Standbys[0], stream)
+		return uint64(l) == cp.Term
+	}, 10*time.Second, 100*time.Millisecond, "the standby's slot moves to the acked checkpoint")
+}
+
+// A standby's slot invalidated (WAL past max_slot_wal_keep_size while it
+// was not read) is never used again: the reader re-makes it, and the new
+// slot serves only checkpoints at or after its start.
+func TestAnInvalidatedSlotIsRemadeAndNeverUsedBelowItsStart(t *testing.T) {
+	defer postgres.SetAdvanceEvery(time.Hour)()
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx := ctxT(t, 2*time.Minute)
+	const stream = "inval"
+	p, sb := b.c.Shards[0].Primary, b.c.Shards[0].Standbys[0]
+	// Only the standby limits what its slots may hold.
+	require.NoError(t, sb.Exec(ctx, `ALTER SYSTEM SET max_slot_wal_keep_size = '16MB'`))
+	require.NoError(t, sb.Exec(ctx, `SELECT pg_reload_conf()`))
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables})
+	require.NoError(t, err)
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items VALUES (1, 1, 'a', 1, 'one')`))
+	primary := b.reader(t, b.cfg.Shards[0].Replicas[0].Alias)
+	_, c1 := read(t, primary, stream, st.Start["s1"], 1) // the standby's slot advanced to c1 (first ack)
+
+	// 64 MB of WAL in a table the stream does not publish, then a change
+	// it does; the primary's slot follows, the standby's stays at c1.
+	require.NoError(t, p.Exec(ctx, `CREATE TABLE public.filler (b text);
+		ALTER TABLE public.filler ALTER COLUMN b SET STORAGE EXTERNAL;
+		INSERT INTO public.filler SELECT repeat(md5(g::text), 100) FROM generate_series(1, 20000) g`))
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items VALUES (2, 1, 'b', 1, 'two')`))
+	_, c2 := read(t, primary, stream, c1, 1)
+	require.NoError(t, b.c.WaitReplayed(ctx))
+	require.Eventually(t, func() bool {
+		require.NoError(t, p.Exec(ctx, `CHECKPOINT`))
+		require.NoError(t, sb.Exec(ctx, `CHECKPOINT`)) // a restartpoint removes the old WAL
+		_, why := slotState(t, ctx, sb, stream)
+		return why != ""
+	}, time.Minute, 500*time.Millisecond, "the standby's slot is invalidated")
+
+	standby := b.cfg.Shards[0].Replicas[1].Alias
+	ask := func(from source.Checkpoint) error {
+		_, err := b.reader(t, standby).GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: 10, MaxWait: 300 * time.Millisecond})
+		return err
+	}
+	err = ask(c2)
+	require.Error(t, err)
+	require.Equal(t, source.RetryElsewhere, b.src.Classify(err).Action, "%v", err)
+	require.Equal(t, "SLOT_INVALIDATED", b.src.Classify(err).Reason)
+	start, why := slotState(t, ctx, sb, stream)
+	require.Empty(t, why, "the slot was made anew")
+	require.Greater(t, uint64(start), c2.Term, "the new slot starts after the checkpoint")
+	err = ask(c2)
+	require.Error(t, err, "the new slot does not serve a checkpoint before its start")
+	require.Equal(t, "POSITION_MISMATCH", b.src.Classify(err).Reason)
+
+	// Once the checkpoint passes the new slot's start, it serves again.
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items VALUES (3, 1, 'c', 1, 'three')`))
+	_, c3 := read(t, primary, stream, c2, 1)
+	require.Greater(t, c3.Term, uint64(start))
+	require.NoError(t, b.c.WaitReplayed(ctx))
+	require.NoError(t, ask(c3))
+}

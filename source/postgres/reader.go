@@ -20,6 +20,11 @@ const (
 	// linger: once a batch has records, how long to wait for more that are
 	// already on their way before returning it.
 	linger = 5 * time.Millisecond
+	// heartbeatEvery: while a shard's published tables are idle, a message
+	// is written on its primary this often; it reaches every replica's
+	// slot, so an idle shard's checkpoint (and its slots) keep advancing
+	// and pin no WAL.
+	heartbeatEvery = 10 * time.Second
 	// freeSlotWait bounds waiting for a stale session of ours to let go of
 	// the slot after it was terminated.
 	freeSlotWait = 5 * time.Second
@@ -119,6 +124,9 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	if n == 0 && r.open == nil && uint64(r.idle) > b.Checkpoint.Term {
 		b.Checkpoint = source.Checkpoint{Term: uint64(r.idle)}
 	}
+	if n == 0 && time.Since(r.src.lastHeartbeat(r.sh)) > heartbeatEvery {
+		r.src.heartbeat(ctx, r.sh)
+	}
 	b.CaughtUp = len(r.ready) == 0 && n < req.MaxRecords
 	r.pos = b.Checkpoint
 	if time.Since(r.lastStatus) > statusEvery {
@@ -180,7 +188,13 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 		}
 		return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s; re-created, usable once the checkpoint passes its start)", errSlotMissing, r.rep.cfg.Alias))
 	case row.invalidated != "":
-		return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s: %s)", errSlotInvalidated, r.rep.cfg.Alias, row.invalidated))
+		// An invalidated slot never serves again: make a new one, which
+		// serves once the checkpoint passes its start.
+		cause := fmt.Errorf("%w (%s: %s)", errSlotInvalidated, r.rep.cfg.Alias, row.invalidated)
+		if err := r.src.recreateSlot(ctx, stream, r.sh, r.rep); err != nil {
+			cause = fmt.Errorf("%w; re-creating it failed: %v", cause, err)
+		}
+		return r.src.unservable(ctx, stream, r.sh, from, cause)
 	case !from.IsZero() && uint64(row.confirmed) > from.Term:
 		return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s: slot at %s, checkpoint at %s)",
 			errSlotAhead, r.rep.cfg.Alias, row.confirmed, pglogrepl.LSN(from.Term)))
