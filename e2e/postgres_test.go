@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/source/postgres"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -80,9 +82,9 @@ func (p *pgEnv) node(alias string) *pgbed.Node {
 }
 
 // requireShardsExact waits until replaying each shard's JSONL gives the
-// shard's tables on its primary, then checks that no position is stored
-// twice and positions increase in each file.
-func (p *pgEnv) requireShardsExact(out string, within time.Duration) {
+// shard's tables on its primary (every shard, or those listed), then checks
+// that no position is stored twice and positions increase in each file.
+func (p *pgEnv) requireShardsExact(out string, within time.Duration, only ...string) {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
@@ -94,6 +96,9 @@ func (p *pgEnv) requireShardsExact(out string, within time.Duration) {
 		}
 		for i, sh := range p.bed.Shards {
 			id := fmt.Sprintf("s%d", i+1)
+			if len(only) > 0 && !slices.Contains(only, id) {
+				continue
+			}
 			var recs []source.Record
 			for _, l := range lines[id] {
 				r, err := l.Record()
@@ -208,4 +213,52 @@ func TestPostgresStreamFromStandbysIsExactThroughAKillAnExclusionAndAStandbyDown
 	require.NoError(t, load.Stop())
 	p.requireShardsExact(out, 2*time.Minute)
 	t.Logf("workload: %+v", load.Stats())
+}
+
+func TestPostgresShardWithEverySlotLostExpiresAloneAndStopDropsTheSlots(t *testing.T) {
+	p := newPGEnv(t, pgbed.Options{Shards: 2, Standbys: 1})
+	p.startWorker()
+	out := filepath.Join(p.dir, "out")
+	const stream = "pglost"
+	p.startStream(stream, p.config(out, map[string]any{"topologyRefresh": "2s"}))
+	p.waitStatus(stream, "both shards streaming", 2*time.Minute, allStreaming(2))
+	load := p.bed.StartWorkload(pgbed.WorkloadOptions{Rate: 40, Seed: 5, KeepGoing: true})
+	p.eventually("records reach the sink", time.Minute, func() (bool, string) {
+		n := sinkRecords(out)
+		return n >= 100, fmt.Sprintf("%d records", n)
+	})
+
+	// Every replica of s1 loses the stream's slot (dropped by hand, the
+	// session reading it ended first): no replica can serve s1's
+	// checkpoint any more.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	slot := postgres.SlotName(stream, "s1")
+	for _, n := range p.bed.Shards[0].Nodes() {
+		p.eventually("the slot on "+n.Name+" dropped", 30*time.Second, func() (bool, string) {
+			_ = n.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
+			err := n.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+			return err == nil, fmt.Sprint(err)
+		})
+	}
+	st := p.waitStatus(stream, "s1 Expired, s2 streaming", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		return tabletStatus(st, "s1").State == workflows.Expired && tabletStatus(st, "s2").State == workflows.Streaming, summary(st)
+	})
+	reason := tabletStatus(st, "s1").Reason
+	t.Logf("s1: %s", reason)
+	require.Contains(t, reason, "no replica of the shard can serve the checkpoint", "the reason says why")
+
+	require.NoError(t, load.Stop())
+	p.requireShardsExact(out, 2*time.Minute, "s2")
+
+	// stop with dropSourceStream: the stream's slots and publications go.
+	p.signal(stream, "stop", `{"dropSourceStream": true}`)
+	require.NoError(t, p.temporal.GetWorkflow(ctx, stream, "").Get(ctx, nil), "the stream completes")
+	for _, n := range p.bed.Nodes() {
+		var slots, pubs int
+		require.NoError(t, n.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'tf\_%'),
+			(SELECT count(*) FROM pg_publication)`).Scan(&slots, &pubs))
+		require.Zero(t, slots, "%s: no slot of the stream left", n.Name)
+		require.Zero(t, pubs, "%s: no publication left", n.Name)
+	}
 }
