@@ -75,10 +75,16 @@ type GetChangesResult struct {
 	Batches    int64             `json:"batches"`
 	CaughtUp   bool              `json:"caughtUp"`
 	LagSeconds float64           `json:"lagSeconds"`
+	// Slot: the replica's slot for the stream, on sources that keep
+	// history in slots (PostgreSQL); read every slotEvery.
+	Slot *source.SlotStats `json:"slot,omitempty"`
 	// Stopped says why the run ended: "run ended", "cancelled",
 	// "worker stopping", "replica excluded: …".
 	Stopped string `json:"stopped"`
 }
+
+// slotEvery: how often GetChanges reads its replica's slot statistics.
+const slotEvery = 10 * time.Second
 
 // StoppedRunEnded is GetChangesResult.Stopped for a run that used up its
 // time: the replica is fine to keep reading.
@@ -203,6 +209,8 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		defer c.Close()
 	}
 
+	slots, _ := rd.(source.SlotReporter)
+	var slotRead time.Time
 	defer a.Watcher.Watch(in.Stream)()
 	deadline := a.now().Add(in.RunFor.D())
 	recovered := info.Attempt == 1
@@ -265,6 +273,15 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			res.LagSeconds = a.now().Sub(batch.Records[len(batch.Records)-1].CommitTime).Seconds()
 		}
 		lastSuccess = a.now()
+		if slots != nil && lastSuccess.Sub(slotRead) >= slotEvery {
+			slotRead = lastSuccess
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if st, err := slots.SlotStats(sctx, in.Stream); err == nil {
+				res.Slot = &st
+				a.Metrics.SlotStats(in.Stream, in.Tablet, st.LagBytes, st.SafeWALBytes)
+			}
+			cancel()
+		}
 		a.Metrics.Batch(in.Stream, in.Tablet, len(batch.Records), lastSuccess.Sub(began), res.LagSeconds, headroom())
 		beat.set(progress(""))
 		if !recovered {

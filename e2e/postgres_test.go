@@ -213,6 +213,20 @@ func TestPostgresStreamFromStandbysIsExactThroughAKillAnExclusionAndAStandbyDown
 	require.NoError(t, load.Stop())
 	p.requireShardsExact(out, 2*time.Minute)
 	t.Logf("workload: %+v", load.Stats())
+	// Each shard's row shows its slot (after a run of 5 s): the WAL held
+	// past the checkpoint, and no invalidation limit on this bed.
+	st = p.waitStatus(stream, "every shard's slot in the status", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		for _, tab := range st.Tablets {
+			if tab.Slot == nil {
+				return false, tab.ID + " has no slot figures yet"
+			}
+		}
+		return true, ""
+	})
+	for _, tab := range st.Tablets {
+		require.GreaterOrEqual(t, tab.Slot.LagBytes, int64(0), tab.ID)
+		require.Equal(t, int64(-1), tab.Slot.SafeWALBytes, tab.ID)
+	}
 }
 
 func TestPostgresShardWithEverySlotLostExpiresAloneAndStopDropsTheSlots(t *testing.T) {

@@ -20,6 +20,8 @@ type Metrics struct {
 	Batches    *prometheus.CounterVec
 	Lag        *prometheus.GaugeVec
 	Headroom   *prometheus.GaugeVec
+	Slot       *prometheus.GaugeVec
+	SlotSafe   *prometheus.GaugeVec
 	Retries    *prometheus.CounterVec
 	Exclusions *prometheus.CounterVec
 	Selections *prometheus.CounterVec
@@ -39,6 +41,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "0 when the tablet's last poll was caught up, else now minus the commit time of the newest record written."}, st)).(*prometheus.GaugeVec),
 		Headroom: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tabletflow_retention_headroom_seconds",
 			Help: "Time left before the source expires the tablet for this stream: its retention less the time since the last successful poll."}, st)).(*prometheus.GaugeVec),
+		Slot: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tabletflow_slot_lag_bytes",
+			Help: "Sources that keep history in a slot (PostgreSQL): WAL the replica's slot holds for the stream, past the committed checkpoint."}, st)).(*prometheus.GaugeVec),
+		SlotSafe: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tabletflow_retention_headroom_bytes",
+			Help: "Sources that keep history in a slot (PostgreSQL): WAL that may still be written before the replica's slot is invalidated (safe_wal_size); absent when the server sets no limit."}, st)).(*prometheus.GaugeVec),
 		Retries: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_retries_total",
 			Help: "GetChanges failures retried on the same replica, by error code."}, append(st, "code"))).(*prometheus.CounterVec),
 		Exclusions: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_exclusions_total",
@@ -48,6 +54,17 @@ func New(reg prometheus.Registerer) *Metrics {
 		Latency: f(prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tabletflow_getchanges_seconds",
 			Help:    "Latency of one GetChanges call to the source (including its long-poll wait).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"stream"})).(*prometheus.HistogramVec),
+	}
+}
+
+// SlotStats records a slot's lag and headroom in bytes.
+func (m *Metrics) SlotStats(stream, tablet string, lag, safe int64) {
+	if m == nil {
+		return
+	}
+	m.Slot.WithLabelValues(stream, tablet).Set(float64(lag))
+	if safe >= 0 {
+		m.SlotSafe.WithLabelValues(stream, tablet).Set(float64(safe))
 	}
 }
 

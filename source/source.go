@@ -56,6 +56,24 @@ type ReplicaReader interface {
 	Ack(ctx context.Context, stream, tablet string, cp Checkpoint) error
 }
 
+// SlotStats is how much history a replica's slot holds for a stream and
+// how much more it may hold before the server invalidates it.
+type SlotStats struct {
+	// LagBytes: WAL between the replica's current position and the slot's
+	// confirmed (committed) position.
+	LagBytes int64 `json:"lagBytes"`
+	// SafeWALBytes: WAL that may still be written before the slot is
+	// invalidated; negative when the server sets no limit.
+	SafeWALBytes int64 `json:"safeWALBytes"`
+}
+
+// SlotReporter is implemented by readers whose source keeps a stream's
+// history in a slot per replica (PostgreSQL): the retention is in bytes,
+// not time.
+type SlotReporter interface {
+	SlotStats(ctx context.Context, stream string) (SlotStats, error)
+}
+
 // StartFrom says where a new stream starts.
 type StartFrom string
 

@@ -124,6 +124,9 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		t.st.Status.Records += res.Records
 		t.st.Status.Batches += res.Batches
 		t.st.Status.LagSeconds = res.LagSeconds
+		if res.Slot != nil {
+			t.st.Status.Slot = res.Slot
+		}
 	}
 	return t.apply(ctx, sel, o, decide(o, sel))
 }

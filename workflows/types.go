@@ -65,6 +65,11 @@ type TabletStatus struct {
 	Attempt    int32   `json:"attempt"`
 	LastError  string  `json:"lastError"`
 	LagSeconds float64 `json:"lagSeconds"`
+	// Slot: on a PostgreSQL source, the replica's slot at the last run's
+	// end — the WAL it holds past the checkpoint (lagBytes) and what may
+	// still be written before it is invalidated (safeWALBytes, -1: no
+	// limit).
+	Slot *source.SlotStats `json:"slot,omitempty"`
 	// RetentionLeft counts down while the tablet does not advance (Paused).
 	RetentionLeft string             `json:"retentionLeft"`
 	Excluded      config.ExcludeList `json:"excluded"`

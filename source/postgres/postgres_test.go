@@ -269,6 +269,10 @@ func TestAnIdleShardAdvancesItsCheckpointAndSlot(t *testing.T) {
 		l, _ := slotState(t, ctx, b.c.Shards[0].Standbys[0], stream)
 		return uint64(l) == cp.Term
 	}, 10*time.Second, 100*time.Millisecond, "the standby's slot moves to the acked checkpoint")
+	stats, err := rd.SlotStats(ctx, stream)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, stats.LagBytes, int64(0))
+	require.Equal(t, int64(-1), stats.SafeWALBytes, "no max_slot_wal_keep_size: no limit")
 }
 
 // A standby's slot invalidated (WAL past max_slot_wal_keep_size while it
@@ -288,6 +292,9 @@ func TestAnInvalidatedSlotIsRemadeAndNeverUsedBelowItsStart(t *testing.T) {
 	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items VALUES (1, 1, 'a', 1, 'one')`))
 	primary := b.reader(t, b.cfg.Shards[0].Replicas[0].Alias)
 	_, c1 := read(t, primary, stream, st.Start["s1"], 1) // the standby's slot advanced to c1 (first ack)
+	stats, err := b.reader(t, b.cfg.Shards[0].Replicas[1].Alias).SlotStats(ctx, stream)
+	require.NoError(t, err)
+	require.Positive(t, stats.SafeWALBytes, "the standby's slot may hold a bounded amount more")
 
 	// 64 MB of WAL in a table the stream does not publish, then a change
 	// it does; the primary's slot follows, the standby's stays at c1.

@@ -423,6 +423,27 @@ func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
 	return key, nil
 }
 
+var _ source.SlotReporter = (*Reader)(nil)
+
+// SlotStats reads the replica's slot: its lag behind the replica's WAL (on
+// a standby, the WAL it received or replayed) and safe_wal_size.
+func (r *Reader) SlotStats(ctx context.Context, stream string) (source.SlotStats, error) {
+	pool, err := r.rep.poolOf()
+	if err != nil {
+		return source.SlotStats{}, err
+	}
+	var st source.SlotStats
+	err = pool.QueryRow(ctx, `SELECT COALESCE((CASE WHEN pg_is_in_recovery()
+			THEN GREATEST(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) ELSE pg_current_wal_lsn() END
+			- confirmed_flush_lsn)::bigint, 0), COALESCE(safe_wal_size, -1)
+		FROM pg_replication_slots WHERE slot_name = $1`, SlotName(stream, r.sh.id)).Scan(&st.LagBytes, &st.SafeWALBytes)
+	if err != nil {
+		return st, fmt.Errorf("slot of %s on %s: %w", stream, r.rep.cfg.Alias, err)
+	}
+	st.LagBytes = max(st.LagBytes, 0)
+	return st, nil
+}
+
 // sendStatus tells the server our committed position.
 func (r *Reader) sendStatus() error {
 	r.lastStatus = time.Now()
