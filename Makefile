@@ -24,7 +24,7 @@ export TABLETFLOW_PG_BIN := $(PG_DIR)/bin
 
 BINARIES := tabletd worker starter
 
-.PHONY: all build test bench bench-full soak proto lint demo stop tools clean pg
+.PHONY: all build test bench bench-full soak proto lint demo demo-postgres stop tools clean pg
 
 all: build
 
@@ -95,14 +95,12 @@ lint: $(BIN)/staticcheck ## gofmt, go vet, staticcheck
 demo: build $(BIN)/temporal ## Temporal dev server + Web UI, tabletd, worker and a live stream
 	demo/demo.sh
 
-stop: ## stop what `make demo` started, by recorded process IDs
-	@for name in worker tabletd temporal; do \
-		f=$(DATA)/$$name.pid; \
-		[ -f "$$f" ] || continue; pid=$$(cat "$$f"); \
-		if kill -0 "$$pid" 2>/dev/null; then kill "$$pid" && echo "stopped $$(basename "$$f" .pid) (pid $$pid)"; \
-			for i in $$(seq 100); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; fi; \
-		rm -f "$$f"; \
-	done
+demo-postgres: build $(BIN)/temporal pg ## like demo, with a PostgreSQL bed (3 shards × primary + 2 standbys) as the source
+	go build -o $(BIN)/ ./demo/pgbed
+	demo/demo-postgres.sh
+
+stop: ## stop what `make demo` and `make demo-postgres` started, by recorded process IDs
+	@. demo/lib.sh && for name in worker pgbed tabletd temporal; do stop_proc $$name; done
 
 clean: stop
 	rm -rf $(BIN) $(DATA)

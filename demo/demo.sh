@@ -4,73 +4,27 @@
 # whatever already runs (by recorded process ID) is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=$PWD/bin
-DATA=$PWD/.data
-mkdir -p "$DATA"
-export TEMPORAL_ADDRESS=127.0.0.1:7233
+. demo/lib.sh
 
-running() { [ -f "$DATA/$1.pid" ] && kill -0 "$(cat "$DATA/$1.pid")" 2>/dev/null; }
-
-# start NAME CMD...: run CMD in the background unless NAME already runs.
-start() {
-  local name=$1; shift
-  if running "$name"; then
-    echo "$name already running (pid $(cat "$DATA/$name.pid"))"
-    return
-  fi
-  nohup "$@" >"$DATA/$name.log" 2>&1 &
-  echo $! >"$DATA/$name.pid"
-  echo "$name started (pid $!, log .data/$name.log)"
-}
-
-# wait_for WHAT CMD...: retry CMD for up to 60 s.
-wait_for() {
-  local what=$1; shift
-  for _ in $(seq 300); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  echo "demo: $what did not come up; see .data/*.log" >&2
-  exit 1
-}
-
-sa=()
-for a in TabletflowStream TabletflowTablet TabletflowState TabletflowReplica; do
-  sa+=(--search-attribute "$a=Keyword")
-done
-start temporal "$BIN/temporal" server start-dev --ip 127.0.0.1 --port 7233 --ui-port 8233 \
-  --db-filename "$DATA/temporal.db" --log-level warn "${sa[@]}"
-wait_for "the Temporal dev server" "$BIN/temporal" operator cluster health
+start_temporal
 
 fresh_tabletd=yes
 running tabletd && fresh_tabletd=no
 start tabletd "$BIN/tabletd" serve --listen 127.0.0.1:15991 --keyspace commerce \
   --cells zone1,zone2,zone3 --servers-per-cell 2 --tablets 8 --replicas 3 \
   --rate 200 --lag 50ms --retention 1h
-wait_for "tabletd" "$BIN/tabletd" ctl --addr 127.0.0.1:15991 list
+wait_for tabletd "tabletd" "$BIN/tabletd" ctl --addr 127.0.0.1:15991 list
 
-start worker "$BIN/worker" --log-format json
+start_worker
 
-stream_running() {
-  local out
-  out=$("$BIN/temporal" workflow describe --workflow-id orders -o json 2>/dev/null) || return 1
-  [[ $out == *'"status": "WORKFLOW_EXECUTION_STATUS_RUNNING"'* ]]
-}
-if [ "$fresh_tabletd" = yes ] && stream_running; then
-  # tabletd keeps its data and streams in memory: a restarted one no
-  # longer has the stream the Temporal server remembers. Start over.
-  echo "tabletd was restarted: ending the old stream orders and its tablets, starting a new one"
-  "$BIN/temporal" workflow terminate --query 'TabletflowStream="orders" AND ExecutionStatus="Running"' \
-    --reason "tabletd restarted" --yes >/dev/null
-  for _ in $(seq 50); do stream_running || break; sleep 0.2; done
-  rm -rf "$DATA/out"
+# tabletd keeps its data and streams in memory: a restarted one no longer
+# has the stream the Temporal server remembers. Start over.
+if [ "$fresh_tabletd" = yes ]; then
+  new_source orders "$DATA/out" "tabletd was restarted"
 fi
 
 sed "s|@OUT@|$DATA/out|" demo/orders.json >"$DATA/orders.json"
-if stream_running; then
-  echo "stream orders already running"
-else
-  "$BIN/temporal" workflow start --type StreamWorkflow --task-queue tabletflow \
-    --workflow-id orders --input-file "$DATA/orders.json" >/dev/null
-  echo "stream orders started"
-fi
+start_stream orders "$DATA/orders.json"
 
 cat <<MSG
 

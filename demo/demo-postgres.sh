@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# make demo-postgres: make demo with PostgreSQL as the source. A Temporal dev
+# server with its Web UI, a PostgreSQL 18 bed (bin/pgbed: 3 shards of a
+# primary and 2 standbys, a workload on every primary), a worker with the
+# bed's DSNs in its environment, and a live stream "pg-orders" into
+# .data/pg-out. Idempotent: whatever already runs (by recorded process ID) is
+# left alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. demo/lib.sh
+
+start_temporal
+
+fresh_bed=yes
+running pgbed && fresh_bed=no
+start pgbed "$BIN/pgbed" --dir "$DATA/pg" --rate 5 --env "$DATA/pg.env" \
+  --config "$DATA/pg-orders.json" --out "$DATA/pg-out"
+# initdb, copies and start-up of 9 servers take a while on 2 cores.
+WAIT_SECONDS=300 wait_for pgbed "the PostgreSQL bed" grep -q '^ready' "$DATA/pgbed.log"
+
+# A new bed has new ports and no replication slots: the worker's DSNs and
+# the stream the Temporal server remembers belong to the old one. A new
+# stream makes its slots now, so it starts with an empty sink.
+if [ "$fresh_bed" = yes ] && running worker; then
+  echo "the PostgreSQL bed is new: restarting the worker with its DSNs"
+  stop_proc worker
+fi
+if [ "$fresh_bed" = yes ] || ! stream_running pg-orders; then
+  new_source pg-orders "$DATA/pg-out" "the PostgreSQL bed was restarted"
+fi
+start_worker
+start_stream pg-orders "$DATA/pg-orders.json"
+
+cat <<MSG
+
+tabletflow PostgreSQL demo is up.
+  Web UI:  http://127.0.0.1:8233/namespaces/default/workflows?query=TabletflowStream%3D%22pg-orders%22
+  stream:  pg-orders (sink: .data/pg-out/<shard>.jsonl; config: .data/pg-orders.json)
+  source:  shards s1, s2, s3; replicas zone1-sNp (primary), zone2-sNa and zone3-sNb
+           (standbys); servers and logs listed in .data/pgbed.log
+
+Watch:
+  bin/starter status pg-orders --watch
+  bin/temporal workflow query --workflow-id pg-orders --type status
+  tail -f .data/pg-out/s1.jsonl
+Exclude the zone2 standbys (tablets reading there move to zone3), then lift it:
+  bin/temporal workflow signal --workflow-id pg-orders --name exclude \\
+      --input '{"aliases": ["zone2-s1a", "zone2-s2a", "zone2-s3a"], "reason": "maintenance", "ttl": "10m"}'
+  bin/temporal workflow signal --workflow-id pg-orders --name include \\
+      --input '{"aliases": ["zone2-s1a", "zone2-s2a", "zone2-s3a"]}'
+Pause and resume a shard:
+  bin/temporal workflow signal --workflow-id pg-orders --name pause --input '{"tablets": ["s1"]}'
+  bin/temporal workflow signal --workflow-id pg-orders --name resume --input '{"tablets": ["s1"]}'
+Take a standby down (it stays down until the bed restarts):
+  kill -INT \$(head -1 .data/pg/s2-standby1/data/postmaster.pid)     # zone2-s2a
+Stop the stream (dropping its replication slots), then everything:
+  bin/temporal workflow signal --workflow-id pg-orders --name stop --input '{"dropSourceStream": true}'
+  make stop
+MSG
