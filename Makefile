@@ -35,11 +35,12 @@ test: build $(BIN)/temporal pg ## vet and every test: unit, loopback gRPC, e2e o
 	go vet ./...
 	go test -count=1 -timeout 20m ./...
 
-bench: build $(BIN)/temporal ## benchmarks; results into bench/results
+bench: build $(BIN)/temporal pg ## benchmarks; results into bench/results
 	mkdir -p bench/results
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
 	go run ./bench/throughput --bin $(BIN) --out bench/results/throughput.json
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
+	go run ./bench/pgsource --bin $(BIN) --out bench/results/pgsource.json
 
 bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams, then 5 min steady (~30 min); bench/results/scale.json
 	mkdir -p bench/results

@@ -792,18 +792,7 @@ func (b *bench) startWorker(ctx context.Context, addr string, maxAct, pollers in
 		return err
 	}
 	b.worker = p
-	return waitFor(ctx, p, "worker", 60*time.Second, func() error {
-		for _, typ := range []enumspb.TaskQueueType{enumspb.TASK_QUEUE_TYPE_WORKFLOW, enumspb.TASK_QUEUE_TYPE_ACTIVITY} {
-			d, err := b.temporal.DescribeTaskQueue(ctx, taskQueue, typ)
-			if err != nil {
-				return err
-			}
-			if len(d.GetPollers()) == 0 {
-				return fmt.Errorf("no %s poller yet", typ)
-			}
-		}
-		return nil
-	})
+	return waitFor(ctx, p, "worker", 60*time.Second, procs.Polling(ctx, b.temporal, taskQueue))
 }
 
 func hostDesc() string {

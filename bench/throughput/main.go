@@ -50,7 +50,6 @@ import (
 	"syscall"
 	"time"
 
-	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -362,18 +361,7 @@ func (b *bench) startWorker(ctx context.Context) error {
 		return err
 	}
 	b.worker = p
-	return procs.WaitFor(ctx, p, "worker", 60*time.Second, func() error {
-		for _, typ := range []enumspb.TaskQueueType{enumspb.TASK_QUEUE_TYPE_WORKFLOW, enumspb.TASK_QUEUE_TYPE_ACTIVITY} {
-			d, err := b.temporal.DescribeTaskQueue(ctx, taskQueue, typ)
-			if err != nil {
-				return err
-			}
-			if len(d.GetPollers()) == 0 {
-				return fmt.Errorf("no %s poller yet", typ)
-			}
-		}
-		return nil
-	})
+	return procs.WaitFor(ctx, p, "worker", 60*time.Second, procs.Polling(ctx, b.temporal, taskQueue))
 }
 
 func (b *bench) close() {

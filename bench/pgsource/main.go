@@ -1,0 +1,465 @@
+// Command pgsource measures tabletflow reading one PostgreSQL shard end to
+// end against a raw pglogrepl loop over the same WAL, in one run, and
+// writes a JSON result.
+//
+// It starts, in a temporary directory, a test bed of one shard (a primary
+// and one physical standby, PostgreSQL 18 from `make pg`) and a Temporal
+// dev server. Before anything is written it creates every reader's logical
+// slot on the standby (pgoutput), so each covers the same WAL:
+//
+//   - the stream "flow": the adapter's EnsureStream, as the StreamWorkflow of
+//     that ID does (its own call then finds it: idempotent);
+//   - the stream "reader": the same, for the adapter loop below;
+//   - the slot "tfbench_raw", on the publication of "flow".
+//
+// Then it writes a fixed workload into the primary (--records row changes,
+// transactions of mostly 4 or 5 rows, pipelined on --writers connections),
+// waits for the standby to replay it, and reads it three times from the
+// standby, one reader after the other:
+//
+//   - raw: a plain loop on a replication connection: pglogrepl.Parse of
+//     every message, each row change encoded as the JSONL line the
+//     tabletflow stream writes (the bench's own encoder, checked byte for
+//     byte against tabletflow's output), one write + fsync + standby status
+//     update per batch of --batch records. The floor: what a hand-written
+//     CDC consumer of this WAL costs.
+//   - reader: the adapter's postgres.Reader and the JSONL sink in a loop
+//     (GetChanges → Write → Commit → Ack), no Temporal: where tabletflow's
+//     cost is the adapter and the exactly-once sink, not orchestration.
+//   - tabletflow: the worker binary with the DSNs in its environment and a
+//     StreamWorkflow reading the standby into a JSONL directory, timed from
+//     ExecuteWorkflow until the standby's slot is confirmed at the last
+//     transaction (the ack follows the sink's commit).
+//
+// Every output is checked: the three files hold the same lines (the stream
+// name aside) and the expected count; the sinks' digests find no position
+// twice; replaying tabletflow's records gives the primary's tables.
+//
+// For the two loops in this program the result splits the wall time into
+// reading, writing+syncing and acknowledging; --cpuprofile profiles them
+// (raw and reader), to say where the adapter's time goes.
+//
+// It is a program, not a testing.B, so that `go test`'s timeout cannot cut
+// it and so that it can run the real binaries.
+//
+//	go run ./bench/pgsource --bin ./bin --out bench/results/pgsource.json
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"go.temporal.io/sdk/client"
+
+	"github.com/tabletflow/tabletflow/bench/internal/procs"
+	"github.com/tabletflow/tabletflow/bench/internal/procstat"
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/source/postgres"
+	"github.com/tabletflow/tabletflow/testbed"
+	"github.com/tabletflow/tabletflow/testbed/pgbed"
+)
+
+const (
+	shardID      = "s1"
+	flowID       = "flow"   // the StreamWorkflow's ID, hence its source-side stream
+	readerStream = "reader" // the adapter loop's stream
+	rawSlot      = "tfbench_raw"
+	taskQueue    = "bench"
+	goalRatio    = 0.8
+	// maxWait is the batch's long poll, tabletflow's default.
+	maxWait = 500 * time.Millisecond
+	// loopTimeout bounds each reader's run.
+	loopTimeout = 3 * time.Minute
+)
+
+// The shard's replicas as the stream's config names them.
+var (
+	primary = config.ShardReplica{Alias: "zone1-s1p", Cell: "zone1", Type: string(source.TypePrimary), DSNEnv: "TF_BENCH_S1_P_DSN"}
+	standby = config.ShardReplica{Alias: "zone2-s1a", Cell: "zone2", Type: string(source.TypeReplica), DSNEnv: "TF_BENCH_S1_A_DSN"}
+)
+
+type result struct {
+	Date    string   `json:"date"`
+	Command string   `json:"command"`
+	Commit  string   `json:"commit"`
+	Setup   []string `json:"setup"`
+
+	Records      uint64  `json:"records"`
+	Transactions int     `json:"transactions"`
+	WALBytes     uint64  `json:"wal_bytes"`
+	BatchRecords int     `json:"batch_records"`
+	WriteSeconds float64 `json:"workload_write_seconds"`
+	WriteRate    float64 `json:"workload_records_per_s"`
+	Verified     string  `json:"verified"`
+
+	Raw        loopResult `json:"raw"`
+	Reader     loopResult `json:"reader"`
+	Tabletflow loopResult `json:"tabletflow"`
+	// TabletflowReplicationStartS: from ExecuteWorkflow until the
+	// standby's walsender for the stream's slot was active (workflow, child
+	// workflow, replica selection, the GetChanges activity connecting).
+	TabletflowReplicationStartS float64 `json:"tabletflow_replication_start_s"`
+	WorkerPeakRSSMiB            float64 `json:"worker_peak_rss_mib"`
+
+	// Ratio is tabletflow / raw, end to end; the goal is on it.
+	Ratio       float64 `json:"ratio"`
+	SteadyRatio float64 `json:"steady_ratio"`
+	ReaderRatio float64 `json:"reader_ratio"`
+	GoalRatio   float64 `json:"goal_ratio"`
+	MeetsGoal   bool    `json:"meets_goal"`
+	Verdict     string  `json:"verdict"`
+
+	HostLoadAvg1mAtStart float64 `json:"host_load_avg_1m_at_start"`
+}
+
+// loopResult is one reader's run over the whole workload.
+type loopResult struct {
+	Seconds     float64 `json:"seconds"`
+	RecordsPerS float64 `json:"records_per_s"`
+	// FirstCommitS: from the start until the first batch was durable;
+	// Steady: records/s from then to the end.
+	FirstCommitS      float64 `json:"first_commit_s"`
+	SteadyRecordsPerS float64 `json:"steady_records_per_s"`
+	Batches           int     `json:"batches,omitempty"`
+	// Where the wall time went, for the loops in this program: reading
+	// (receiving and decoding, for the adapter its GetChanges), writing
+	// to the file or sink and making it durable, acknowledging.
+	ReadS  float64 `json:"read_s,omitempty"`
+	WriteS float64 `json:"write_and_sync_s,omitempty"`
+	AckS   float64 `json:"ack_s,omitempty"`
+	// CPU seconds in the run: this program ("bench"), the worker and the
+	// dev server, the standby's walsender decoding the slot ("walsender",
+	// when its process could be read), and the host.
+	CPU map[string]float64 `json:"cpu_seconds"`
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "pgsource:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	binDir := flag.String("bin", "./bin", "directory holding temporal and worker")
+	records := flag.Int("records", 500_000, "row changes to write (the exact count is what the transactions affected)")
+	writers := flag.Int("writers", 4, "connections writing the workload at once")
+	batch := flag.Int("batch", 1000, "records per batch, for every reader (tabletflow's default)")
+	out := flag.String("out", "", "write the result JSON here too")
+	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this program during the raw and reader loops here (the figures then carry its cost)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	bin, err := filepath.Abs(*binDir)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "tabletflow-pgsource-")
+	if err != nil {
+		return err
+	}
+	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}, batch: *batch}
+	failed := true
+	defer func() {
+		b.close()
+		if failed || *keep {
+			fmt.Fprintln(os.Stderr, "pgsource: kept", dir)
+			if failed {
+				b.dumpLogs()
+			}
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+
+	res := result{Date: time.Now().UTC().Format(time.RFC3339), BatchRecords: *batch, GoalRatio: goalRatio,
+		HostLoadAvg1mAtStart: procstat.LoadAvg(), Commit: gitCommit(),
+		Command: "go run ./bench/pgsource " + strings.Join(os.Args[1:], " ")}
+	if err := b.start(ctx, dir); err != nil {
+		return err
+	}
+	start, err := b.createReaders(ctx)
+	if err != nil {
+		return err
+	}
+
+	w, err := b.write(ctx, *records, *writers)
+	if err != nil {
+		return fmt.Errorf("workload: %w", err)
+	}
+	res.Records, res.Transactions, res.WALBytes = w.records, w.txs, w.walBytes
+	res.WriteSeconds, res.WriteRate = w.took.Seconds(), float64(w.records)/w.took.Seconds()
+	logf("workload: %d row changes in %d transactions, %d bytes of WAL, in %v (%.0f records/s); standby replayed",
+		w.records, w.txs, w.walBytes, w.took.Round(time.Millisecond), res.WriteRate)
+
+	if *cpuProfile != "" {
+		stopProfile, err := profile(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
+		res.Command += " (profiled: figures not for quoting)"
+	}
+	rawDir := filepath.Join(dir, "raw")
+	raw, err := b.raw(ctx, rawDir, w.records)
+	if err != nil {
+		return fmt.Errorf("raw: %w", err)
+	}
+	res.Raw = raw.loopResult
+	logf("raw: %s", raw.loopResult)
+
+	readerDir := filepath.Join(dir, "reader")
+	if res.Reader, err = b.reader(ctx, readerDir, w.records, start[readerStream]); err != nil {
+		return fmt.Errorf("reader: %w", err)
+	}
+	logf("reader: %s", res.Reader)
+
+	if *cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	if err := b.startWorker(ctx); err != nil {
+		return err
+	}
+	flowDir := filepath.Join(dir, "flow")
+	fl, err := b.flow(ctx, flowDir, start[flowID], raw.last)
+	if err != nil {
+		return fmt.Errorf("tabletflow: %w", err)
+	}
+	res.TabletflowReplicationStartS = fl.replicating.Seconds()
+	if _, res.WorkerPeakRSSMiB, err = testbed.Memory(b.worker.Pid()); err != nil {
+		return fmt.Errorf("worker memory: %w", err)
+	}
+
+	v, err := b.verify(ctx, w.records, rawDir, readerDir, flowDir, fl.firstAck)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	res.Verified = v.summary
+	res.Tabletflow = fl.result(w.records, v.flowFirstAck)
+	logf("tabletflow: %s (replication started after %v)", res.Tabletflow, fl.replicating.Round(time.Millisecond))
+
+	res.Ratio = res.Tabletflow.RecordsPerS / res.Raw.RecordsPerS
+	res.SteadyRatio = res.Tabletflow.SteadyRecordsPerS / res.Raw.SteadyRecordsPerS
+	res.ReaderRatio = res.Reader.RecordsPerS / res.Raw.RecordsPerS
+	res.MeetsGoal = res.Ratio >= goalRatio
+	verdict := "missed"
+	if res.MeetsGoal {
+		verdict = "met"
+	}
+	res.Verdict = fmt.Sprintf("goal tabletflow/raw >= %.2f %s: %.2f (%.0f against %.0f records/s end to end; steady %.2f; adapter loop without Temporal %.2f)",
+		goalRatio, verdict, res.Ratio, res.Tabletflow.RecordsPerS, res.Raw.RecordsPerS, res.SteadyRatio, res.ReaderRatio)
+	res.Setup = setupNotes(*writers, *batch)
+	logf("%s", res.Verdict)
+
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(data))
+	if *out != "" {
+		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	failed = false
+	return nil
+}
+
+// profile starts a CPU profile into path; the returned func stops it and
+// closes the file (StopCPUProfile may have run already).
+func profile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// setupNotes say what was measured, for the result file.
+func setupNotes(writers, batch int) []string {
+	return []string{
+		"bed: pgbed, 1 shard = PostgreSQL 18 primary + 1 physical standby on loopback (fsync=off, full_page_writes=off, wal_level=logical); every reader reads the standby",
+		"slots: the streams 'flow' (tabletflow) and 'reader' (adapter loop) made by the adapter's EnsureStream, and 'tfbench_raw' on flow's publication, all pgoutput, all created on the standby before the workload: the same WAL",
+		fmt.Sprintf("workload: written before any reading, pipelined on %d connections, each transaction one round trip: insert an order and an item, update the previous order (REPLICA IDENTITY FULL: whole old row), delete the item of two transactions back, every 8th also deletes an order; then the standby replays it", writers),
+		fmt.Sprintf("raw: one replication connection (pglogrepl.StartReplication, proto_version 1, the adapter's plugin options), pglogrepl.Parse of every message, each row change encoded by the bench as the stream's JSONL line (positions (commit end LSN, ordinal), key from the primary key, before/after as JSON), one write+fsync and one standby status update per batch of %d records or more (whole transactions); timed from connecting to the last fsync", batch),
+		fmt.Sprintf("reader: the adapter's postgres.Reader over the standby and the JSONL sink in one loop, GetChanges(maxRecords %d, maxWait %v) -> Write -> Commit (data fsync, manifest temp file fsync, rename, dir fsync) -> Ack, as the GetChanges activity does, without Temporal; timed from opening the sink to the last commit", batch, maxWait),
+		fmt.Sprintf("tabletflow: Temporal dev server (temporal server start-dev) and the worker binary (DSNs in its environment), a StreamWorkflow of the shard (selection REPLICA, batch %d records / %v, run 1m) into a JSONL directory; timed from ExecuteWorkflow until the standby's slot is confirmed at the last transaction's end LSN (the ack follows the sink's commit), polled every 20 ms", batch, maxWait),
+		"order: raw, then reader, then tabletflow, one after the other on the same 2 cores; the first commit time and steady rate of tabletflow count the records at or below the first LSN its slot was confirmed at",
+		"verified: the three outputs hold the same lines byte for byte (the stream name aside) and the workload's count; the sinks' digests find no position twice; replaying tabletflow's records gives the primary's tables",
+	}
+}
+
+// bench is the run's world: the bed, the dev server, the worker, clients.
+type bench struct {
+	procs procs.Group
+	batch int
+
+	bed      *pgbed.Cluster
+	server   *testbed.DevServer
+	temporal client.Client
+	srcCfg   config.Source
+	env      map[string]string // DSN variables, for the adapter and the worker
+	src      *postgres.Source
+	admin    *pgx.Conn // superuser on the standby: slot positions, walsender pids
+	worker   *procs.Proc
+}
+
+func (b *bench) shard() *pgbed.Shard { return b.bed.Shards[0] }
+
+// start runs the bed and the dev server side by side, then connects to
+// both.
+func (b *bench) start(ctx context.Context, dir string) error {
+	var wg sync.WaitGroup
+	var bedErr, serverErr error
+	wg.Go(func() {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		b.bed, bedErr = pgbed.Start(sctx, pgbed.Options{Dir: filepath.Join(dir, "pg"), Shards: 1, Standbys: 1})
+	})
+	wg.Go(func() {
+		b.server, serverErr = testbed.StartDevServer(filepath.Join(b.procs.Bin, "temporal"), dir)
+	})
+	wg.Wait()
+	if b.server != nil {
+		b.procs.Add("temporal", b.server.Proc)
+	}
+	if err := errors.Join(bedErr, serverErr); err != nil {
+		return err
+	}
+	var err error
+	if b.temporal, err = client.Dial(client.Options{HostPort: b.server.Addr, Logger: connect.Quiet{}}); err != nil {
+		return err
+	}
+	sh := b.shard()
+	b.env = map[string]string{primary.DSNEnv: sh.Primary.DSN(), standby.DSNEnv: sh.Standbys[0].DSN()}
+	b.srcCfg = config.Source{Kind: "postgres", Tables: pgbed.Tables,
+		Shards: []config.Shard{{ID: shardID, Replicas: []config.ShardReplica{primary, standby}}}}
+	if b.src, err = postgres.New(b.srcCfg, func(k string) string { return b.env[k] }); err != nil {
+		return err
+	}
+	b.admin, err = sh.Standbys[0].Connect(ctx)
+	logf("bed and dev server up")
+	return err
+}
+
+// createReaders makes every reader's slot before anything is written and
+// returns where the two streams start the shard.
+func (b *bench) createReaders(ctx context.Context) (map[string]source.Checkpoint, error) {
+	start := map[string]source.Checkpoint{}
+	for _, id := range []string{flowID, readerStream} {
+		st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: id, Tables: pgbed.Tables, StartFrom: source.StartEarliest})
+		if err != nil {
+			return nil, fmt.Errorf("ensure stream %s: %w", id, err)
+		}
+		start[id] = st.Start[shardID]
+	}
+	lsn, err := b.shard().Standbys[0].CreateLogicalSlot(ctx, rawSlot, "pgoutput")
+	if err != nil {
+		return nil, err
+	}
+	logf("slots: %s at %s, %s at %s, %s at %s", flowID, pglogrepl.LSN(start[flowID].Term),
+		readerStream, pglogrepl.LSN(start[readerStream].Term), rawSlot, lsn)
+	return start, nil
+}
+
+// startWorker runs the worker binary with the DSN variables in its
+// environment and waits until it polls the task queue.
+func (b *bench) startWorker(ctx context.Context) error {
+	cmd := exec.Command(filepath.Join(b.procs.Bin, "worker"), "--address", b.server.Addr, "--task-queue", taskQueue, "--log-level", "warn")
+	cmd.Env = os.Environ()
+	for k, v := range b.env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	tp, err := testbed.StartCmd(filepath.Join(b.procs.Dir, "worker.log"), cmd)
+	if err != nil {
+		return err
+	}
+	b.worker = b.procs.Add("worker", tp)
+	return procs.WaitFor(ctx, b.worker, "worker", time.Minute, procs.Polling(ctx, b.temporal, taskQueue))
+}
+
+func (b *bench) close() {
+	b.procs.StopAll()
+	if b.temporal != nil {
+		b.temporal.Close()
+	}
+	if b.src != nil {
+		_ = b.src.Close()
+	}
+	if b.admin != nil {
+		_ = b.admin.Close(context.Background())
+	}
+	if b.bed != nil {
+		if err := b.bed.Close(); err != nil {
+			logf("close the bed: %v", err)
+		}
+	}
+}
+
+// dumpLogs prints the end of each child's log and of each server's.
+func (b *bench) dumpLogs() {
+	for _, p := range b.procs.List() {
+		fmt.Fprintf(os.Stderr, "--- %s (%s) ---\n%s\n", p.Name, p.Log(), p.Tail())
+	}
+	if b.bed != nil {
+		for _, n := range b.bed.Nodes() {
+			fmt.Fprintf(os.Stderr, "--- %s (%s) ---\n%s\n", n.Name, n.LogPath(), n.Tail())
+		}
+	}
+}
+
+// cpu is the CPU time used so far, in seconds: by each child process, by
+// this program ("bench"), by the walsender process walsender (if not 0)
+// and by the host ("host_busy": all cores, steal included).
+func (b *bench) cpu(walsender int) procstat.Snapshot {
+	out := b.procs.CPU()
+	if walsender != 0 {
+		if s, err := procstat.ProcessCPU(walsender); err == nil {
+			out["walsender"] = s
+		}
+	}
+	if h, err := procstat.ReadHostCPU(); err == nil {
+		out["host_busy"] = procstat.Seconds(h.Busy() + h.Steal)
+	}
+	return out
+}
+
+// gitCommit is the checkout's HEAD, "-dirty" when the tree has changes,
+// "" outside a git checkout.
+func gitCommit() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty", "--abbrev=12").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
