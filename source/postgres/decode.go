@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 
@@ -26,6 +27,26 @@ const (
 	oidJSONB   = 3802
 )
 
+// relation is a table's description from the stream, with its column
+// names encoded as JSON keys once, and its key columns (read when first
+// needed).
+type relation struct {
+	*pglogrepl.RelationMessage
+	names [][]byte // `"name":`
+	key   []bool
+}
+
+func newRelation(m *pglogrepl.RelationMessage) *relation {
+	r := &relation{RelationMessage: m, names: make([][]byte, len(m.Columns))}
+	for i, c := range m.Columns {
+		var b bytes.Buffer
+		appendString(&b, []byte(c.Name))
+		b.WriteByte(':')
+		r.names[i] = b.Bytes()
+	}
+	return r
+}
+
 // record builds a change from pgoutput tuples (text format). The key is
 // the columns marked in key (the table's primary key; without one, the
 // replica identity's columns); before is the old tuple when the server
@@ -34,7 +55,7 @@ const (
 // A TOASTed column that did not change arrives without its value: it is
 // taken from the old tuple when there is one, and otherwise left out of
 // after (never written as null).
-func record(rel *pglogrepl.RelationMessage, key []bool, op source.Op, oldType uint8, old, new *pglogrepl.TupleData) (source.Record, error) {
+func record(rel *relation, op source.Op, oldType uint8, old, new *pglogrepl.TupleData) (source.Record, error) {
 	rec := source.Record{Table: rel.Namespace + "." + rel.RelationName, Op: op}
 	var err error
 	keyOnly := oldType == pglogrepl.UpdateMessageTupleTypeKey // same byte as DeleteMessageTupleTypeKey
@@ -55,7 +76,7 @@ func record(rel *pglogrepl.RelationMessage, key []bool, op source.Op, oldType ui
 	if keyFrom == nil {
 		return rec, fmt.Errorf("pgoutput: %s on %s without a tuple", op, rec.Table)
 	}
-	if rec.Key, err = tupleJSON(rel, keyFrom, keyFill, key); err != nil {
+	if rec.Key, err = tupleJSON(rel, keyFrom, keyFill, rel.key); err != nil {
 		return rec, err
 	}
 	return rec, nil
@@ -63,7 +84,7 @@ func record(rel *pglogrepl.RelationMessage, key []bool, op source.Op, oldType ui
 
 // identity marks the replica identity's columns when only they are sent
 // (a key-only old tuple), else nil (every column).
-func identity(rel *pglogrepl.RelationMessage, keyOnly bool) []bool {
+func identity(rel *relation, keyOnly bool) []bool {
 	if !keyOnly {
 		return nil
 	}
@@ -77,7 +98,7 @@ func identity(rel *pglogrepl.RelationMessage, keyOnly bool) []bool {
 // tupleJSON writes a tuple as a JSON object in column order, only the
 // columns marked in only (nil: all); unchanged TOAST values are filled
 // from fill when it has them, else left out.
-func tupleJSON(rel *pglogrepl.RelationMessage, t, fill *pglogrepl.TupleData, only []bool) (json.RawMessage, error) {
+func tupleJSON(rel *relation, t, fill *pglogrepl.TupleData, only []bool) (json.RawMessage, error) {
 	if len(t.Columns) != len(rel.Columns) {
 		return nil, fmt.Errorf("pgoutput: %s.%s: %d values for %d columns", rel.Namespace, rel.RelationName, len(t.Columns), len(rel.Columns))
 	}
@@ -99,9 +120,7 @@ func tupleJSON(rel *pglogrepl.RelationMessage, t, fill *pglogrepl.TupleData, onl
 			b.WriteByte(',')
 		}
 		n++
-		name, _ := json.Marshal(col.Name)
-		b.Write(name)
-		b.WriteByte(':')
+		b.Write(rel.names[i])
 		switch v.DataType {
 		case pglogrepl.TupleDataTypeNull:
 			b.WriteString("null")
@@ -141,6 +160,43 @@ func writeValue(b *bytes.Buffer, oid uint32, text []byte) {
 			return
 		}
 	}
-	s, _ := json.Marshal(string(text))
-	b.Write(s)
+	appendString(b, text)
+}
+
+// appendString writes s as a JSON string: valid UTF-8 as it is but for
+// the characters JSON must escape; anything else through encoding/json
+// (which replaces invalid bytes).
+func appendString(b *bytes.Buffer, s []byte) {
+	if !utf8.Valid(s) {
+		q, _ := json.Marshal(string(s))
+		b.Write(q)
+		return
+	}
+	const hex = "0123456789abcdef"
+	b.WriteByte('"')
+	start := 0
+	for i, c := range s {
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b.Write(s[start:i])
+		switch c {
+		case '"', '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		default:
+			b.WriteString(`\u00`)
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&0xf])
+		}
+		start = i + 1
+	}
+	b.Write(s[start:])
+	b.WriteByte('"')
 }

@@ -11,12 +11,16 @@ import (
 
 // rel is public.t (id bigint, n numeric, ok bool, doc jsonb, body text,
 // at timestamptz), id the replica identity.
-var rel = &pglogrepl.RelationMessage{Namespace: "public", RelationName: "t", Columns: []*pglogrepl.RelationMessageColumn{
+var rel = newRelationKeyed(&pglogrepl.RelationMessage{Namespace: "public", RelationName: "t", Columns: []*pglogrepl.RelationMessageColumn{
 	{Flags: 1, Name: "id", DataType: oidInt8}, {Name: "n", DataType: oidNumeric}, {Name: "ok", DataType: oidBool},
 	{Name: "doc", DataType: oidJSONB}, {Name: "body", DataType: 25}, {Name: "at", DataType: 1184},
-}}
+}}, []bool{true, false, false, false, false, false})
 
-var pkOnly = []bool{true, false, false, false, false, false}
+func newRelationKeyed(m *pglogrepl.RelationMessage, key []bool) *relation {
+	r := newRelation(m)
+	r.key = key
+	return r
+}
 
 func tuple(vals ...any) *pglogrepl.TupleData {
 	t := &pglogrepl.TupleData{ColumnNum: uint16(len(vals))}
@@ -45,6 +49,9 @@ func TestRecordsFromPgoutputTuples(t *testing.T) {
 		{name: "insert: literals for numbers, booleans and json, strings for the rest",
 			op: source.Insert, new: tuple("7", "12.50", "t", `{"a": [1, 2]}`, `say "hi"`, "2026-12-01 07:00:00.5+00"),
 			key: `{"id":7}`, after: `{"id":7,"n":12.50,"ok":true,"doc":{"a": [1, 2]},"body":"say \"hi\"","at":"2026-12-01 07:00:00.5+00"}`},
+		{name: "strings escaped as JSON needs, UTF-8 kept",
+			op: source.Insert, new: tuple("9", "1", "t", nil, "tab\there \\ \"q\" \x01 naïve ✓", nil),
+			key: `{"id":9}`, after: `{"id":9,"n":1,"ok":true,"doc":null,"body":"tab\there \\ \"q\" \u0001 naïve ✓","at":null}`},
 		{name: "NaN and nulls",
 			op: source.Insert, new: tuple("8", "NaN", "f", nil, nil, nil),
 			key: `{"id":8}`, after: `{"id":8,"n":"NaN","ok":false,"doc":null,"body":null,"at":null}`},
@@ -62,7 +69,7 @@ func TestRecordsFromPgoutputTuples(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rec, err := record(rel, pkOnly, tt.op, tt.oldType, tt.old, tt.new)
+			rec, err := record(rel, tt.op, tt.oldType, tt.old, tt.new)
 			require.NoError(t, err)
 			require.Equal(t, "public.t", rec.Table)
 			require.Equal(t, tt.op, rec.Op)
@@ -74,6 +81,6 @@ func TestRecordsFromPgoutputTuples(t *testing.T) {
 }
 
 func TestRecordRejectsATupleThatDoesNotFitItsRelation(t *testing.T) {
-	_, err := record(rel, pkOnly, source.Insert, 0, nil, tuple("1", "2"))
+	_, err := record(rel, source.Insert, 0, nil, tuple("1", "2"))
 	require.ErrorContains(t, err, "2 values for 6 columns")
 }

@@ -17,9 +17,9 @@ const (
 	// to the server at least this often while reading, well within
 	// walSenderTimeout.
 	statusEvery = 5 * time.Second
-	// linger: once a batch has records, how long to wait for more that are
-	// already on their way before returning it.
-	linger = 5 * time.Millisecond
+	// linger: once a batch has records, how long it may wait in all for
+	// more that are already on their way before it is returned.
+	linger = 20 * time.Millisecond
 	// heartbeatEvery: while a shard's published tables are idle, a message
 	// is written on its primary this often; it reaches every replica's
 	// slot, so an idle shard's checkpoint (and its slots) keep advancing
@@ -55,8 +55,7 @@ type Reader struct {
 	// with no transaction open (a keepalive, a heartbeat message, an empty
 	// commit); an empty batch advances the checkpoint to it.
 	idle       pglogrepl.LSN
-	rels       map[uint32]*pglogrepl.RelationMessage
-	keys       map[uint32][]bool
+	rels       map[uint32]*relation
 	open       *openTxn
 	ready      []whole
 	lastStatus time.Time
@@ -91,7 +90,11 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 			return source.Batch{}, err
 		}
 	}
-	deadline := time.Now().Add(req.MaxWait)
+	// One context for the wait for the first record, one for the linger
+	// after it (not one per message: this loop runs for every row).
+	pollCtx, cancelPoll := context.WithTimeout(ctx, req.MaxWait)
+	defer cancelPoll()
+	var lingerCtx context.Context
 	b := source.Batch{Checkpoint: r.pos}
 	n := 0
 	for {
@@ -105,14 +108,19 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 		if n >= req.MaxRecords || len(r.ready) > 0 {
 			break
 		}
-		wait := time.Until(deadline)
+		rctx := pollCtx
 		if n > 0 {
-			wait = min(wait, linger)
+			if lingerCtx == nil {
+				var cancel context.CancelFunc
+				lingerCtx, cancel = context.WithTimeout(pollCtx, linger)
+				defer cancel()
+			}
+			rctx = lingerCtx
 		}
-		if wait <= 0 {
+		if rctx.Err() != nil {
 			break
 		}
-		got, err := r.receive(ctx, wait)
+		got, err := r.receive(ctx, rctx)
 		if err != nil {
 			r.Close()
 			return source.Batch{}, err
@@ -222,7 +230,7 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 	r.conn, r.stream, r.pos = conn, stream, from
 	r.acked = pglogrepl.LSN(from.Term)
 	r.idle = 0
-	r.rels = map[uint32]*pglogrepl.RelationMessage{}
+	r.rels = map[uint32]*relation{}
 	return nil
 }
 
@@ -275,12 +283,11 @@ func (s *Source) unservable(ctx context.Context, stream string, sh *shard, from 
 	return fmt.Errorf("%w at %s: %w", errExpired, pglogrepl.LSN(from.Term), cause)
 }
 
-// receive handles one message from the server, waiting up to wait for it.
-// got is false when none came.
-func (r *Reader) receive(ctx context.Context, wait time.Duration) (got bool, err error) {
-	rctx, cancel := context.WithTimeout(ctx, wait)
+// receive handles one message from the server, waiting for it until
+// rctx ends (a poll's or a linger's deadline, under ctx). got is false when
+// none came.
+func (r *Reader) receive(ctx, rctx context.Context) (got bool, err error) {
 	msg, err := r.conn.ReceiveMessage(rctx)
-	cancel()
 	if err != nil {
 		if pgconn.Timeout(err) && ctx.Err() == nil {
 			return false, nil
@@ -325,8 +332,7 @@ func (r *Reader) decode(data []byte) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
-		r.rels[m.RelationID] = m
-		delete(r.keys, m.RelationID) // the table may have changed
+		r.rels[m.RelationID] = newRelation(m) // a new description: the table may have changed
 	case *pglogrepl.BeginMessage:
 		r.open = &openTxn{commitTime: m.CommitTime}
 	case *pglogrepl.InsertMessage:
@@ -369,11 +375,13 @@ func (r *Reader) add(rel uint32, op source.Op, oldType uint8, old, new *pglogrep
 	if !ok {
 		return fmt.Errorf("pgoutput: %s on relation %d before its description", op, rel)
 	}
-	key, err := r.keyOf(rm)
-	if err != nil {
-		return err
+	var err error
+	if rm.key == nil {
+		if rm.key, err = r.keyOf(rm.RelationMessage); err != nil {
+			return err
+		}
 	}
-	rec, err := record(rm, key, op, oldType, old, new)
+	rec, err := record(rm, op, oldType, old, new)
 	if err != nil {
 		return err
 	}
@@ -383,12 +391,9 @@ func (r *Reader) add(rel uint32, op source.Op, oldType uint8, old, new *pglogrep
 }
 
 // keyOf marks a relation's primary key columns, read from the replica's
-// catalog once per relation description; a table without a primary key is
-// keyed by its replica identity's columns.
+// catalog (once per relation description); a table without a primary key
+// is keyed by its replica identity's columns.
 func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
-	if k, ok := r.keys[rel.RelationID]; ok {
-		return k, nil
-	}
 	pool, err := r.rep.poolOf()
 	if err != nil {
 		return nil, err
@@ -416,10 +421,6 @@ func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
 	for i, c := range rel.Columns {
 		key[i] = pk[c.Name] || len(pk) == 0 && c.Flags&1 == 1
 	}
-	if r.keys == nil {
-		r.keys = map[uint32][]bool{}
-	}
-	r.keys[rel.RelationID] = key
 	return key, nil
 }
 
