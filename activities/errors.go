@@ -119,6 +119,7 @@ func classifySink(err error) sinkClass {
 		{sink.ErrBadRecord, sinkClass{ErrSinkFailed, "SINK_BAD_RECORD"}},
 		{sink.ErrBadTablet, sinkClass{ErrSinkFailed, "SINK_BAD_TABLET"}},
 		{sink.ErrBadCommit, sinkClass{ErrSinkFailed, "SINK_BAD_COMMIT"}},
+		{sink.ErrDenied, sinkClass{ErrSinkFailed, "SINK_DENIED"}},
 		{sink.ErrLocked, sinkClass{ErrSinkUnavailable, "SINK_LOCKED"}},
 		{sink.ErrClosed, sinkClass{ErrSinkUnavailable, "SINK_CLOSED"}},
 		{context.DeadlineExceeded, sinkClass{ErrSinkUnavailable, "SINK_TIMEOUT"}},

@@ -4,15 +4,18 @@
 package activities
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
+	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/postgres"
 	"github.com/tabletflow/tabletflow/source/tabletd"
@@ -23,7 +26,7 @@ import (
 type Resources struct {
 	// NewSource and NewSink build a source or a stream's sink the first
 	// time one is needed. Nil means the adapters this package knows
-	// (tabletd, postgres; jsonl); tests set fakes.
+	// (tabletd, postgres; jsonl, postgres); tests set fakes.
 	NewSource func(cfg config.Source) (source.Source, error)
 	NewSink   func(cfg config.Sink, stream string) (sink.Sink, error)
 
@@ -43,7 +46,7 @@ type sourceKey struct {
 }
 
 type sinkKey struct {
-	kind, path, stream string
+	kind, path, dsnEnv, schema, mode, stream string
 }
 
 // NewResources returns an empty cache.
@@ -80,7 +83,7 @@ func (r *Resources) Source(cfg config.Source) (source.Source, error) {
 
 // Sink returns the shared sink of a stream.
 func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
-	key := sinkKey{kind: cfg.Kind, path: filepath.Clean(cfg.Path), stream: stream}
+	key := sinkKey{kind: cfg.Kind, path: filepath.Clean(cfg.Path), dsnEnv: cfg.DSNEnv, schema: cfg.Schema, mode: cfg.Mode, stream: stream}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.sinks[key]; s != nil {
@@ -125,6 +128,14 @@ func newSink(cfg config.Sink, stream string) (sink.Sink, error) {
 	switch cfg.Kind {
 	case "jsonl":
 		s, err := jsonl.New(cfg.Path, stream)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	case "postgres":
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		s, err := pgsink.New(ctx, cfg, stream, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -73,6 +73,11 @@ type Sink struct {
 	Path string `json:"path,omitempty"`
 	// DSNEnv names the environment variable holding a database sink's DSN.
 	DSNEnv string `json:"dsnEnv,omitempty"`
+	// Mode of the postgres sink: "changelog" (every record appended to one
+	// change table) or "apply" (mirror tables of the source's rows).
+	Mode string `json:"mode,omitempty"`
+	// Schema of the postgres sink's tables.
+	Schema string `json:"schema,omitempty"`
 }
 
 // Selection steers the tablet picker.
@@ -142,6 +147,7 @@ var (
 	DefaultRun             = Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
 	DefaultReportRate      = 100.0
+	DefaultSinkSchema      = "tabletflow"
 )
 
 // Bounds of ReportRate: below one report a second a stream of thousands of
@@ -276,6 +282,14 @@ func (s *Stream) Defaults() {
 	if s.ReportRate == 0 {
 		s.ReportRate = DefaultReportRate
 	}
+	if s.Sink.Kind == "postgres" {
+		if s.Sink.Mode == "" {
+			s.Sink.Mode = "changelog"
+		}
+		if s.Sink.Schema == "" {
+			s.Sink.Schema = DefaultSinkSchema
+		}
+	}
 }
 
 // ValidAlias reports whether s looks like a replica alias, <cell>-<name>
@@ -287,6 +301,7 @@ var (
 	envVarRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	tableRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$`)
 	shardRe  = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
+	identRe  = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 )
 
 // Validate checks every field; Defaults must have run.
@@ -296,11 +311,25 @@ func (s *Stream) Validate() error {
 	}
 	switch s.Sink.Kind {
 	case "jsonl":
-		if s.Sink.Path == "" {
+		switch {
+		case s.Sink.Path == "":
 			return fieldErr("sink.path", "must not be empty for the jsonl sink")
+		case s.Sink.Mode != "" || s.Sink.Schema != "":
+			return fieldErr("sink.mode", "mode and schema are for the postgres sink")
+		}
+	case "postgres":
+		switch {
+		case s.Sink.DSNEnv == "":
+			return fieldErr("sink.dsnEnv", "must name the environment variable holding the postgres sink's DSN")
+		case s.Sink.Path != "":
+			return fieldErr("sink.path", "is for the jsonl sink; the postgres sink writes to sink.schema")
+		case s.Sink.Mode != "changelog":
+			return fieldErr("sink.mode", "%q: want \"changelog\" (\"apply\" is not built yet)", s.Sink.Mode)
+		case !identRe.MatchString(s.Sink.Schema):
+			return fieldErr("sink.schema", "%q: want 1 to 63 of a-z, 0-9, _, not starting with a digit", s.Sink.Schema)
 		}
 	default:
-		return fieldErr("sink.kind", "%q: want \"jsonl\"", s.Sink.Kind)
+		return fieldErr("sink.kind", "%q: want \"jsonl\" or \"postgres\"", s.Sink.Kind)
 	}
 	if s.Sink.DSNEnv != "" && !envVarRe.MatchString(s.Sink.DSNEnv) {
 		return fieldErr("sink.dsnEnv", "%q is not an environment variable name", s.Sink.DSNEnv)

@@ -19,7 +19,7 @@ import (
 //   - ErrLocked, ErrClosed, and any error not listed here (an I/O error, a
 //     timeout): the sink cannot take writes right now; retrying later can
 //     help.
-//   - ErrCorrupt, ErrBadRecord, ErrBadTablet, ErrBadCommit: the sink cannot
+//   - ErrCorrupt, ErrBadRecord, ErrBadTablet, ErrBadCommit, ErrDenied: the sink cannot
 //     take this tablet's data at all; retrying cannot help, someone must
 //     look.
 var (
@@ -43,6 +43,9 @@ var (
 	// ErrBadCommit: a Commit whose checkpoint is before Checkpoint() or
 	// before the last staged record.
 	ErrBadCommit = errors.New("sink: commit checkpoint goes backwards")
+	// ErrDenied: the sink refuses us (wrong credentials, a missing
+	// permission); retrying cannot help until someone fixes the access.
+	ErrDenied = errors.New("sink: access denied")
 )
 
 // Sink stores a stream's records per tablet, with each tablet's checkpoint
