@@ -76,3 +76,27 @@ func TestDecodeRejectsARepeatedShard(t *testing.T) {
 	_, err := Decode([]byte(in))
 	require.ErrorContains(t, err, `source.shards[1].id: "s1" repeats source.shards[0]`)
 }
+
+func TestDecodeAPostgresSinkFillsDefaultsAndRejectsWhatDoesNotFit(t *testing.T) {
+	src := `"source": {"kind": "tabletd", "address": "h:1", "keyspace": "k"}`
+	got, err := Decode([]byte(`{` + src + `, "sink": {"kind": "postgres", "dsnEnv": "TABLETFLOW_SINK_DSN"}}`))
+	require.NoError(t, err)
+	require.Equal(t, Sink{Kind: "postgres", DSNEnv: "TABLETFLOW_SINK_DSN", Mode: "changelog", Schema: "tabletflow"}, got.Sink)
+
+	for _, tt := range []struct{ name, sink, wantPrefix string }{
+		{"no dsnEnv", `{"kind": "postgres"}`, "sink.dsnEnv: must name the environment variable"},
+		{"a DSN in dsnEnv", `{"kind": "postgres", "dsnEnv": "postgres://u:pw@h/db"}`, `sink.dsnEnv: "postgres://u:pw@h/db" is not an environment variable name`},
+		{"a path", `{"kind": "postgres", "dsnEnv": "D", "path": "/x"}`, "sink.path: is for the jsonl sink"},
+		{"apply mode (not built)", `{"kind": "postgres", "dsnEnv": "D", "mode": "apply"}`, `sink.mode: "apply": want "changelog"`},
+		{"unknown mode", `{"kind": "postgres", "dsnEnv": "D", "mode": "mirror"}`, `sink.mode: "mirror"`},
+		{"schema with a capital", `{"kind": "postgres", "dsnEnv": "D", "schema": "Tf"}`, `sink.schema: "Tf": want 1 to 63 of a-z`},
+		{"mode on jsonl", `{"kind": "jsonl", "path": "/x", "mode": "changelog"}`, "sink.mode: mode and schema are for the postgres sink"},
+		{"unknown kind", `{"kind": "kafka"}`, `sink.kind: "kafka": want "jsonl" or "postgres"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode([]byte(`{` + src + `, "sink": ` + tt.sink + `}`))
+			require.Error(t, err)
+			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
+		})
+	}
+}
