@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,4 +86,20 @@ func read(t *testing.T, db *pgbed.Node, table string) map[string][]source.Record
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// Wrong credentials are ErrDenied (the tablet fails with the reason,
+// instead of retrying forever); a variable that is not set names itself.
+func TestWrongCredentialsAreDenied(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := context.Background()
+	bad := strings.Replace(db.DSN(), pgbed.Password, "wrong-password", 1)
+	require.NotEqual(t, db.DSN(), bad)
+	cfg := config.Sink{Kind: "postgres", DSNEnv: "SINK_DSN", Mode: "changelog", Schema: "tf"}
+	_, err := pgsink.New(ctx, cfg, stream, func(string) string { return bad })
+	require.ErrorIs(t, err, sink.ErrDenied)
+	_, err = pgsink.New(ctx, cfg, stream, func(string) string { return "" })
+	require.ErrorIs(t, err, sink.ErrDenied)
+	require.ErrorContains(t, err, "SINK_DSN is not set")
+	require.NotContains(t, err.Error(), "wrong-password")
 }
