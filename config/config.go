@@ -334,8 +334,11 @@ func (s *Stream) Validate() error {
 	if s.Sink.DSNEnv != "" && !envVarRe.MatchString(s.Sink.DSNEnv) {
 		return fieldErr("sink.dsnEnv", "%q is not an environment variable name", s.Sink.DSNEnv)
 	}
-	if s.StartFrom != "earliest" && s.StartFrom != "latest" {
-		return fieldErr("startFrom", "%q: want \"earliest\" or \"latest\"", s.StartFrom)
+	switch {
+	case s.StartFrom == "snapshot" && s.Source.Kind != "postgres":
+		return fieldErr("startFrom", "\"snapshot\" is for the postgres source")
+	case s.StartFrom != "earliest" && s.StartFrom != "latest" && s.StartFrom != "snapshot":
+		return fieldErr("startFrom", "%q: want \"earliest\", \"latest\" or \"snapshot\"", s.StartFrom)
 	}
 	if err := s.Tunables().Validate(); err != nil {
 		return err

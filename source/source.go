@@ -83,6 +83,9 @@ const (
 	StartEarliest StartFrom = "earliest"
 	// StartLatest: only changes made after the stream is created.
 	StartLatest StartFrom = "latest"
+	// StartSnapshot: the rows the tables hold when the stream is created
+	// (as Read records), then every change after (postgres).
+	StartSnapshot StartFrom = "snapshot"
 )
 
 // StreamSpec describes a source-side stream.
@@ -143,6 +146,8 @@ const (
 	Insert Op = "insert"
 	Update Op = "update"
 	Delete Op = "delete"
+	// Read: a row as it was copied by a snapshot (After holds it).
+	Read Op = "read"
 )
 
 // Record is one change. Key, Before and After are JSON objects; Before is

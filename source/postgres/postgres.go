@@ -218,6 +218,9 @@ type streamMeta struct {
 	Start    pglogrepl.LSN `json:"start"`
 	Timeline int32         `json:"timeline"`
 	Created  time.Time     `json:"created"`
+	// Snapshot: the stream copies the tables' rows first (startFrom
+	// "snapshot").
+	Snapshot bool `json:"snapshot,omitempty"`
 }
 
 // EnsureStream creates, on every shard, the stream's publication on the
@@ -293,7 +296,12 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 	if err != nil {
 		return streamMeta{}, fmt.Errorf("read timeline on %s: %w", prim.cfg.Alias, err)
 	}
-	m := streamMeta{Start: start, Timeline: tli, Created: time.Now().UTC().Truncate(time.Second)}
+	m := streamMeta{Start: start, Timeline: tli, Created: time.Now().UTC().Truncate(time.Second), Snapshot: spec.StartFrom == source.StartSnapshot}
+	if m.Snapshot {
+		if err := ensureProgressTable(ctx, prim); err != nil {
+			return streamMeta{}, err
+		}
+	}
 	b, _ := json.Marshal(m)
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
 		return streamMeta{}, fmt.Errorf("record the stream's start on %s: %w", prim.cfg.Alias, err)
@@ -456,6 +464,10 @@ func (s *Source) DeleteStream(ctx context.Context, stream string) error {
 		}
 		if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{PublicationName(stream)}.Sanitize()); err != nil {
 			return fmt.Errorf("drop publication on %s: %w", s.primary(sh).cfg.Alias, err)
+		}
+		_, err = pool.Exec(ctx, `DELETE FROM `+progressTable+` WHERE stream = $1 AND shard = $2`, stream, sh.id)
+		if err != nil && !isCode(err, "42P01") && !isCode(err, "3F000") { // no snapshot ever ran there
+			return fmt.Errorf("drop snapshot progress on %s: %w", s.primary(sh).cfg.Alias, err)
 		}
 	}
 	return nil

@@ -125,9 +125,13 @@ func TestStreamFromAStandbyIsExactAndMovesToAnotherReplica(t *testing.T) {
 	first, c1 := read(t, rd, stream, start, 1)
 	more, mid := read(t, rd, stream, c1, 300)
 	first = append(first, more...)
-	// The standby's slot now stands at mid: it cannot serve c1 any more
-	// (PostgreSQL would skip ahead silently) and says so, while the other
-	// replicas (at c1) can.
+	// The standby's slot now stands at mid (once the server took in the
+	// ack): it cannot serve c1 any more (PostgreSQL would skip ahead
+	// silently) and says so, while the other replicas (at c1) can.
+	require.Eventually(t, func() bool {
+		l, _ := slotState(t, ctx, b.c.Shards[0].Standbys[0], stream)
+		return uint64(l) == mid.Term
+	}, 30*time.Second, 50*time.Millisecond, "the standby's slot moves to the acked checkpoint")
 	ask := func(from source.Checkpoint) error {
 		_, err := b.reader(t, standby).GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: 10, MaxWait: time.Second})
 		require.Error(t, err)
@@ -333,4 +337,63 @@ func TestAnInvalidatedSlotIsRemadeAndNeverUsedBelowItsStart(t *testing.T) {
 	require.Greater(t, c3.Term, uint64(start))
 	require.NoError(t, b.c.WaitReplayed(ctx))
 	require.NoError(t, ask(c3))
+}
+
+// startFrom "snapshot": the rows the tables already hold are copied as
+// Read records in chunks woven into the change log, while the rows keep
+// changing (updates leaving TOASTed values unchanged among them), across a
+// crash of the reader mid-copy and a move to another replica; replaying
+// everything gives the shard's tables.
+func TestSnapshotCopiesExistingRowsConsistentlyAcrossACrash(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx := ctxT(t, 3*time.Minute)
+	p := b.c.Shards[0].Primary
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.orders SELECT g, 'c' || g, g * 1.5, CASE WHEN g % 10 = 0 THEN repeat('n', 3000) END, now()
+		FROM generate_series(1, 1200) g`))
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items SELECT g, g, 'sku' || g, g % 7, CASE WHEN g % 5 = 0 THEN repeat('b', 3000) END
+		FROM generate_series(1, 800) g`))
+	const stream = "snap"
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables, StartFrom: source.StartSnapshot})
+	require.NoError(t, err)
+
+	// Changes to the rows being copied, and new rows, while the copy runs.
+	churn := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; i < 300 && err == nil; i++ {
+			switch i % 3 {
+			case 0:
+				err = p.Exec(ctx, `UPDATE public.orders SET amount = amount + 1 WHERE id = $1`, 1+i*7%1200)
+			case 1:
+				err = p.Exec(ctx, `UPDATE public.items SET qty = qty + 1 WHERE id = $1`, 1+i*11%800) // body left as it is
+			default:
+				err = p.Exec(ctx, `DELETE FROM public.items WHERE id = $1`, 1+i*13%800)
+			}
+			time.Sleep(5 * time.Millisecond) // spreads the changes over the copy
+		}
+		churn <- err
+	}()
+	load := b.c.StartWorkload(pgbed.WorkloadOptions{Rate: 100, Count: 150, Seed: 9})
+
+	first, cp := read(t, b.reader(t, b.cfg.Shards[0].Replicas[1].Alias), stream, st.Start["s1"], 900)
+	// The reader dies mid-copy; another, on the primary, resumes from the
+	// committed checkpoint.
+	require.NoError(t, <-churn)
+	require.NoError(t, load.Wait())
+	require.NoError(t, b.c.WaitReplayed(ctx))
+	rest, _ := read(t, b.reader(t, b.cfg.Shards[0].Replicas[0].Alias), stream, cp, -1)
+	all := append(first, rest...)
+	reads := 0
+	for _, r := range all {
+		if r.Op == source.Read {
+			reads++
+		}
+	}
+	t.Logf("%d records, %d of them read by the snapshot; crash at %s", len(all), reads, cp)
+	require.GreaterOrEqual(t, reads, 1800, "the existing rows were copied")
+	want, err := p.TextTables(ctx)
+	require.NoError(t, err)
+	got, err := pgbed.ReplaySnapshot(all)
+	require.NoError(t, err)
+	require.Equal(t, want, got, "replaying the snapshot and the changes gives the shard's tables")
 }

@@ -54,8 +54,12 @@ type Reader struct {
 	// idle: a WAL position up to which every transaction was received, seen
 	// with no transaction open (a keepalive, a heartbeat message, an empty
 	// commit); an empty batch advances the checkpoint to it.
-	idle       pglogrepl.LSN
-	rels       map[uint32]*relation
+	idle pglogrepl.LSN
+	rels map[uint32]*relation
+	// snap is the shard's snapshot copy in progress (nil: none, or done);
+	// unacked the watermarks of chunks handed out and not yet acked.
+	snap       *snapshot
+	unacked    []pglogrepl.LSN
 	open       *openTxn
 	ready      []whole
 	lastStatus time.Time
@@ -120,6 +124,12 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 		if rctx.Err() != nil {
 			break
 		}
+		if r.snap != nil && !r.snap.done && r.snap.pending == nil {
+			if err := r.nextChunk(ctx, req.Stream, req.MaxRecords); err != nil {
+				r.Close()
+				return source.Batch{}, err
+			}
+		}
 		got, err := r.receive(ctx, rctx)
 		if err != nil {
 			r.Close()
@@ -151,6 +161,9 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 // advances the shard's other slots to it.
 func (r *Reader) Ack(ctx context.Context, stream, tablet string, cp source.Checkpoint) error {
 	lsn := pglogrepl.LSN(cp.Term)
+	if len(r.unacked) > 0 {
+		r.ackChunks(ctx, stream, lsn)
+	}
 	if lsn <= r.acked {
 		return nil
 	}
@@ -176,7 +189,7 @@ func (r *Reader) Close() error {
 		cancel()
 		r.conn = nil
 	}
-	r.open, r.ready, r.rels = nil, nil, nil
+	r.open, r.ready, r.rels, r.snap, r.unacked = nil, nil, nil, nil, nil
 	return nil
 }
 
@@ -231,6 +244,10 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 	r.acked = pglogrepl.LSN(from.Term)
 	r.idle = 0
 	r.rels = map[uint32]*relation{}
+	if r.snap, err = r.openSnapshot(ctx, stream); err != nil {
+		r.Close()
+		return err
+	}
 	return nil
 }
 
@@ -358,6 +375,10 @@ func (r *Reader) decode(data []byte) error {
 		}
 		r.ready = append(r.ready, whole{cp: recs[len(recs)-1].Position, records: recs})
 	case *pglogrepl.LogicalDecodingMessage:
+		if m.Prefix == snapshotPrefix && r.snap != nil && r.snap.pending != nil && m.LSN == r.snap.pending.lsn {
+			r.delivered(r.snap.pending)
+			return nil
+		}
 		// A heartbeat (or any message) outside a transaction: everything
 		// that committed before it was sent before it.
 		if !m.Transactional && r.open == nil {

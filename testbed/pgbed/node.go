@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -39,7 +41,7 @@ type Node struct {
 }
 
 func (c *Cluster) newNode(name string, primary *Node) (*Node, error) {
-	port, err := testbed.FreePort()
+	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
@@ -51,6 +53,34 @@ func (c *Cluster) newNode(name string, primary *Node) (*Node, error) {
 		return nil, err
 	}
 	return n, nil
+}
+
+// freePort picks a free loopback port below the kernel's ephemeral range
+// (32768 and up on Linux), at random: ports handed out by listening on
+// port 0 (testbed.FreePort, the Temporal dev server's) are reused by the
+// kernel soon after they are closed, and another test process starting a
+// server at the same time could take the port first.
+func freePort() (int, error) {
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
+	}
+	return testbed.FreePort()
+}
+
+// sameDir reports whether two paths name the same directory.
+func sameDir(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ra, err1 := filepath.EvalSymlinks(a)
+	rb, err2 := filepath.EvalSymlinks(b)
+	return err1 == nil && err2 == nil && ra == rb
 }
 
 // IsStandby reports whether the node is a standby.
@@ -112,7 +142,16 @@ func (n *Node) Start(ctx context.Context) error {
 		if err != nil {
 			return false, err
 		}
-		conn.Close(ctx)
+		defer conn.Close(ctx)
+		// The server answering must be this node's: a port taken by
+		// another process's server meanwhile would be mistaken for it.
+		var dir string
+		if err := conn.QueryRow(ctx, `SHOW data_directory`).Scan(&dir); err != nil {
+			return false, err
+		}
+		if !sameDir(dir, n.DataDir()) {
+			return false, fmt.Errorf("port %d answers for another server (%s)", n.Port, dir)
+		}
 		return true, nil
 	})
 	if err != nil {
