@@ -32,6 +32,9 @@ type pgEnv struct {
 	*env
 	bed *pgbed.Cluster
 	src map[string]any
+	// replay is pgbed.Replay, or pgbed.ReplaySnapshot for a stream that
+	// starts with a snapshot.
+	replay func([]source.Record) (pgbed.TextTables, error)
 }
 
 func newPGEnv(t *testing.T, opts pgbed.Options) *pgEnv {
@@ -53,7 +56,7 @@ func newPGEnv(t *testing.T, opts pgbed.Options) *pgEnv {
 		}
 		shards = append(shards, map[string]any{"id": id, "replicas": reps})
 	}
-	return &pgEnv{env: e, bed: bed, src: map[string]any{"kind": "postgres", "tables": pgbed.Tables, "shards": shards}}
+	return &pgEnv{env: e, bed: bed, src: map[string]any{"kind": "postgres", "tables": pgbed.Tables, "shards": shards}, replay: pgbed.Replay}
 }
 
 // config is a stream config from the bed into the JSONL directory out.
@@ -107,7 +110,7 @@ func (p *pgEnv) requireShardsExact(out string, within time.Duration, only ...str
 				}
 				recs = append(recs, r)
 			}
-			got, err := pgbed.Replay(recs)
+			got, err := p.replay(recs)
 			if err != nil {
 				return false, fmt.Sprintf("%s: %v", id, err)
 			}
@@ -275,4 +278,56 @@ func TestPostgresShardWithEverySlotLostExpiresAloneAndStopDropsTheSlots(t *testi
 		require.Zero(t, slots, "%s: no slot of the stream left", n.Name)
 		require.Zero(t, pubs, "%s: no publication left", n.Name)
 	}
+}
+
+func TestPostgresSnapshotStartCopiesExistingRowsExactlyThroughAWorkerKill(t *testing.T) {
+	p := newPGEnv(t, pgbed.Options{Shards: 2, Standbys: 1})
+	p.replay = pgbed.ReplaySnapshot
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, sh := range p.bed.Shards {
+		require.NoError(t, sh.Primary.Exec(ctx, `INSERT INTO public.orders SELECT g, 'c' || g, g * 1.5,
+			CASE WHEN g % 50 = 0 THEN repeat('n', 3000) END, now() FROM generate_series(1, 20000) g`))
+		require.NoError(t, sh.Primary.Exec(ctx, `INSERT INTO public.items SELECT g, g, 'sku' || g, g % 7,
+			CASE WHEN g % 25 = 0 THEN repeat('b', 3000) END FROM generate_series(1, 10000) g`))
+	}
+	const existing = 2 * 30000
+	worker := p.startWorker()
+	out := filepath.Join(p.dir, "out")
+	const stream = "pgsnap"
+	p.startStream(stream, p.config(out, map[string]any{"startFrom": "snapshot", "batch": map[string]any{"maxRecords": 100}}))
+	p.waitStatus(stream, "both shards streaming", 2*time.Minute, allStreaming(2))
+	// Changes to rows not yet copied and to new ones while the copy runs.
+	load := p.bed.StartWorkload(pgbed.WorkloadOptions{Rate: 40, Seed: 11, KeepGoing: true})
+	churn := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; i < 400 && err == nil && ctx.Err() == nil; i++ {
+			sh := p.bed.Shards[i%2].Primary
+			if i%2 == 0 {
+				err = sh.Exec(ctx, `UPDATE public.items SET qty = qty + 1 WHERE id = $1`, 1+i*37%10000)
+			} else {
+				err = sh.Exec(ctx, `DELETE FROM public.orders WHERE id = $1`, 1+i*53%20000)
+			}
+		}
+		churn <- err
+	}()
+
+	// kill -9 of the worker during the copy.
+	p.eventually("the copy is under way", time.Minute, func() (bool, string) {
+		n := sinkRecords(out)
+		return n >= 3000, fmt.Sprintf("%d records", n)
+	})
+	worker.Kill()
+	atKill := sinkRecords(out)
+	require.Less(t, atKill, uint64(existing), "killed during the copy")
+	p.startWorker()
+	require.NoError(t, <-churn)
+	p.eventually("the copy is done", 3*time.Minute, func() (bool, string) {
+		n := sinkRecords(out)
+		return n >= existing, fmt.Sprintf("%d records, %d at the kill", n, atKill)
+	})
+	require.NoError(t, load.Stop())
+	p.requireShardsExact(out, 2*time.Minute)
+	t.Logf("%d records in the sink, %d at the kill; workload %+v", sinkRecords(out), atKill, load.Stats())
 }
