@@ -323,8 +323,8 @@ func (s *Stream) Validate() error {
 			return fieldErr("sink.dsnEnv", "must name the environment variable holding the postgres sink's DSN")
 		case s.Sink.Path != "":
 			return fieldErr("sink.path", "is for the jsonl sink; the postgres sink writes to sink.schema")
-		case s.Sink.Mode != "changelog":
-			return fieldErr("sink.mode", "%q: want \"changelog\" (\"apply\" is not built yet)", s.Sink.Mode)
+		case s.Sink.Mode != "changelog" && s.Sink.Mode != "apply":
+			return fieldErr("sink.mode", "%q: want \"changelog\" or \"apply\"", s.Sink.Mode)
 		case !identRe.MatchString(s.Sink.Schema):
 			return fieldErr("sink.schema", "%q: want 1 to 63 of a-z, 0-9, _, not starting with a digit", s.Sink.Schema)
 		}

@@ -1,5 +1,6 @@
 // Package postgres is the PostgreSQL sink. In changelog mode every record
-// is appended to one change table, <schema>.changes; each tablet's
+// is appended to one change table, <schema>.changes; in apply mode records
+// are applied to mirror tables of the source's rows (apply.go). Each tablet's
 // checkpoint is a row of <schema>.checkpoints, written in the same
 // transaction as the tablet's records, and only if it is still the
 // checkpoint the writer started from (compare-and-set). So a batch is in
@@ -31,9 +32,11 @@ const maxTabletID = 255
 // Sink writes a stream's records into PostgreSQL. It is safe for
 // concurrent use by different tablets.
 type Sink struct {
-	stream string
-	schema string
-	pool   *pgxpool.Pool
+	stream    string
+	schema    string
+	applyMode bool
+	pool      *pgxpool.Pool
+	mirrors   mirrors
 
 	mu     sync.Mutex
 	closed bool
@@ -48,8 +51,8 @@ func New(ctx context.Context, cfg config.Sink, stream string, getenv func(string
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	if cfg.Mode != "changelog" {
-		return nil, fmt.Errorf("sink.mode: %q: only changelog is built", cfg.Mode)
+	if cfg.Mode != "changelog" && cfg.Mode != "apply" {
+		return nil, fmt.Errorf("sink.mode: %q: want changelog or apply", cfg.Mode)
 	}
 	dsn := getenv(cfg.DSNEnv)
 	if dsn == "" {
@@ -65,7 +68,7 @@ func New(ctx context.Context, cfg config.Sink, stream string, getenv func(string
 	if err != nil {
 		return nil, classify(err)
 	}
-	s := &Sink{stream: stream, schema: cfg.Schema, pool: pool}
+	s := &Sink{stream: stream, schema: cfg.Schema, applyMode: cfg.Mode == "apply", pool: pool}
 	if err := s.setUp(ctx); err != nil {
 		pool.Close()
 		return nil, err
@@ -263,6 +266,9 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		if len(w.staged) == 0 {
 			return nil
 		}
+		if w.s.applyMode {
+			return w.s.apply(ctx, tx, w.staged)
+		}
 		_, err = tx.CopyFrom(ctx, pgx.Identifier{w.s.schema, "changes"},
 			[]string{"stream", "tablet", "pos_term", "pos_index", "tbl", "op", "key", "before", "after", "commit_time", "commit_time_ns"},
 			pgx.CopyFromSlice(len(w.staged), func(i int) ([]any, error) {
@@ -272,11 +278,17 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 			}))
 		return err
 	})
+	if err != nil && w.s.applyMode {
+		w.s.forgetMirrors() // tables or columns it made were rolled back
+	}
 	if errors.Is(err, sink.ErrFenced) {
 		w.fenced = true
 		return fmt.Errorf("tablet %s: stored checkpoint is no longer %s: %w", w.tablet, orNone(w.cp), sink.ErrFenced)
 	}
 	if err != nil {
+		if isCode(err, "42804") || isCode(err, "22P02") || isCode(err, "42703") { // a mirror table that does not fit
+			err = fmt.Errorf("%w: %w", sink.ErrBadRecord, err)
+		}
 		return fmt.Errorf("commit tablet %s at %s: %w", w.tablet, cp, classify(err))
 	}
 	w.cp, w.staged = cp, nil

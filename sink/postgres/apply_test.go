@@ -1,0 +1,80 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/sink"
+	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/testbed/pgbed"
+)
+
+func rec(pos uint64, op source.Op, key, after string) source.Record {
+	r := source.Record{Tablet: "t-0001", Position: source.Checkpoint{Term: 1, Index: pos}, Table: "public.orders", Op: op,
+		Key: json.RawMessage(key), CommitTime: time.Unix(1, 0)}
+	if after != "" {
+		r.After = json.RawMessage(after)
+	}
+	return r
+}
+
+// Apply mode: the mirror table holds the source's current rows; a batch
+// that does not fit the mirror table fails whole, nothing written.
+func TestApplyModeKeepsTheCurrentRowsAndFailsWholeOnAMisfit(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := context.Background()
+	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "mirror"}
+	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+	require.NoError(t, err)
+	defer s.Close()
+	w, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	batch := []source.Record{
+		rec(1, source.Insert, `{"id":1}`, `{"id":1,"note":"long","amount":12.50,"tags":["a"]}`),
+		rec(2, source.Insert, `{"id":2}`, `{"id":2,"note":"x","amount":1}`),
+		rec(3, source.Update, `{"id":1}`, `{"id":1,"amount":13}`), // note unchanged (TOAST): kept
+		rec(4, source.Delete, `{"id":2}`, ""),
+		rec(5, source.Read, `{"id":3}`, `{"id":3,"note":null,"amount":7,"extra":true}`), // a new column
+	}
+	require.NoError(t, w.Write(ctx, batch))
+	require.NoError(t, w.Commit(ctx, batch[4].Position))
+	rows := func() []map[string]any {
+		r, err := db.Query(ctx, `SELECT id::text AS id, note::text AS note, amount::text AS amount, extra::text AS extra FROM mirror.public__orders ORDER BY id`)
+		require.NoError(t, err)
+		return r
+	}
+	want := []map[string]any{
+		{"id": "1", "note": `"long"`, "amount": "13", "extra": nil},
+		{"id": "3", "note": nil, "amount": "7", "extra": "true"},
+	}
+	require.Equal(t, want, rows())
+
+	// Records of the table keyed otherwise: the whole batch fails, the
+	// checkpoint and the rows stay.
+	bad := []source.Record{
+		rec(6, source.Insert, `{"id":4}`, `{"id":4,"amount":1}`),
+		rec(7, source.Insert, `{"sku":"x"}`, `{"sku":"x","amount":2}`),
+	}
+	require.NoError(t, w.Write(ctx, bad))
+	err = w.Commit(ctx, bad[1].Position)
+	require.ErrorIs(t, err, sink.ErrBadRecord)
+	require.ErrorContains(t, err, "keyed by (id)")
+	require.Equal(t, want, rows(), "nothing written half-way")
+	w2, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.Equal(t, batch[4].Position, w2.Checkpoint())
+
+	// A column of another type than jsonb, made by hand: a clear error.
+	require.NoError(t, db.Exec(ctx, `CREATE TABLE mirror.public__items (id jsonb PRIMARY KEY, qty integer)`))
+	item := source.Record{Tablet: "t-0001", Position: source.Checkpoint{Term: 1, Index: 8}, Table: "public.items", Op: source.Insert,
+		Key: json.RawMessage(`{"id":1}`), After: json.RawMessage(`{"id":1,"qty":2}`), CommitTime: time.Unix(1, 0)}
+	require.NoError(t, w2.Write(ctx, []source.Record{item}))
+	err = w2.Commit(ctx, item.Position)
+	require.ErrorIs(t, err, sink.ErrBadRecord, "%v", err)
+}
