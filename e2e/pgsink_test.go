@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,4 +67,99 @@ func TestTabletdIntoPostgresChangelogIsExactAcrossWorkerKills(t *testing.T) {
 	require.NoError(t, err)
 	ok, why := inState(6, workflows.Streaming)(st)
 	require.True(t, ok, why)
+}
+
+// From the PostgreSQL source (2 shards, read from standbys) into the
+// PostgreSQL sink in apply mode: after the drain the sink's mirror tables
+// hold exactly the source shards' tables (the shards' keys do not overlap).
+func TestPostgresSourceIntoPostgresSinkInApplyModeMirrorsTheShards(t *testing.T) {
+	p := newPGEnv(t, pgbed.Options{Shards: 2, Standbys: 1})
+	target := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	t.Setenv("TF_E2E_TARGET_DSN", target.DSN())
+	p.startWorker()
+	const stream = "pgapply"
+	p.startStream(stream, p.config("", map[string]any{
+		"startFrom": "snapshot",
+		"sink":      map[string]any{"kind": "postgres", "dsnEnv": "TF_E2E_TARGET_DSN", "mode": "apply", "schema": "mirror"},
+	}))
+	p.waitStatus(stream, "both shards streaming", 2*time.Minute, allStreaming(2))
+	load := p.bed.StartWorkload(pgbed.WorkloadOptions{Rate: 60, Count: 300, Seed: 17})
+	require.NoError(t, load.Wait())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	require.NoError(t, p.bed.WaitReplayed(ctx))
+	want := pgbed.TextTables{}
+	for _, sh := range p.bed.Shards {
+		tt, err := sh.Primary.TextTables(ctx)
+		require.NoError(t, err)
+		for table, rows := range tt {
+			if want[table] == nil {
+				want[table] = map[string]map[string]any{}
+			}
+			for k, row := range rows {
+				want[table][k] = row
+			}
+		}
+	}
+	p.eventually("the mirror tables hold the shards' tables", 2*time.Minute, func() (bool, string) {
+		got, err := mirrorTables(ctx, target)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, table := range pgbed.Tables {
+			if !reflect.DeepEqual(want[table], got[table]) {
+				return false, fmt.Sprintf("%s: %d rows mirrored, %d in the shards", table, len(got[table]), len(want[table]))
+			}
+		}
+		return true, ""
+	})
+}
+
+// mirrorTables reads the apply-mode mirror tables of the bed's tables as
+// pgbed.TextTables: jsonb strings as their text, other values as their
+// JSON text, JSON or SQL null as nil.
+func mirrorTables(ctx context.Context, n *pgbed.Node) (pgbed.TextTables, error) {
+	conn, err := n.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	out := pgbed.TextTables{}
+	for _, table := range pgbed.Tables {
+		rows, err := conn.Query(ctx, `SELECT to_jsonb(t)::text FROM mirror.`+strings.ReplaceAll(table, ".", "__")+` t`)
+		if err != nil {
+			return nil, err
+		}
+		tbl := map[string]map[string]any{}
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				return nil, err
+			}
+			var raw map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(s), &raw); err != nil {
+				return nil, err
+			}
+			row := map[string]any{}
+			for k, v := range raw {
+				var x any
+				if err := json.Unmarshal(v, &x); err != nil {
+					return nil, err
+				}
+				switch x.(type) {
+				case nil, string:
+					row[k] = x
+				default:
+					row[k] = string(v)
+				}
+			}
+			tbl[fmt.Sprintf(`{"id":%s}`, row["id"])] = row
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		out[table] = tbl
+	}
+	return out, nil
 }

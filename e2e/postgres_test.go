@@ -331,3 +331,70 @@ func TestPostgresSnapshotStartCopiesExistingRowsExactlyThroughAWorkerKill(t *tes
 	p.requireShardsExact(out, 2*time.Minute)
 	t.Logf("%d records in the sink, %d at the kill; workload %+v", sinkRecords(out), atKill, load.Stats())
 }
+
+// A standby's slot invalidated while the standby was excluded (WAL past its
+// max_slot_wal_keep_size): once included again it is never read below its
+// slot's new start — the tablet finds the slot re-made past its checkpoint
+// and excludes the standby itself — and the stream stays exact.
+func TestPostgresInvalidatedStandbySlotIsNeverReadBelowItsNewStart(t *testing.T) {
+	p := newPGEnv(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	prim, sb := p.bed.Shards[0].Primary, p.bed.Shards[0].Standbys[0]
+	require.NoError(t, sb.Exec(ctx, `ALTER SYSTEM SET max_slot_wal_keep_size = '16MB'`))
+	require.NoError(t, sb.Exec(ctx, `SELECT pg_reload_conf()`))
+	p.startWorker()
+	out := filepath.Join(p.dir, "out")
+	const stream = "pginval"
+	p.startStream(stream, p.config(out, map[string]any{"topologyRefresh": "2s"}))
+	p.waitStatus(stream, "s1 streaming from the standby", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		return replicaOf(st, "s1") == "zone2-s1a" && tabletStatus(st, "s1").State == workflows.Streaming, summary(st)
+	})
+	load := p.bed.StartWorkload(pgbed.WorkloadOptions{Rate: 40, Seed: 13, KeepGoing: true})
+	p.signal(stream, "exclude", `{"aliases": ["zone2-s1a"], "reason": "maintenance"}`)
+	p.waitStatus(stream, "s1 on the primary", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		return replicaOf(st, "s1") == "zone1-s1p" && tabletStatus(st, "s1").State == workflows.Streaming, summary(st)
+	})
+
+	// WAL the stream does not publish, in bursts, until the standby's
+	// unread slot is invalidated at a restartpoint (the reader advances
+	// idle slots every 10 s, so a burst may need a second try).
+	require.NoError(t, prim.Exec(ctx, `CREATE TABLE public.filler (b text); ALTER TABLE public.filler ALTER COLUMN b SET STORAGE EXTERNAL`))
+	slot := postgres.SlotName(stream, "s1")
+	p.eventually("the standby's slot invalidated", 2*time.Minute, func() (bool, string) {
+		if err := prim.Exec(ctx, `INSERT INTO public.filler SELECT repeat(md5(g::text), 100) FROM generate_series(1, 20000) g`); err != nil {
+			return false, err.Error()
+		}
+		if err := prim.Exec(ctx, `CHECKPOINT`); err != nil {
+			return false, err.Error()
+		}
+		if err := p.bed.WaitReplayed(ctx); err != nil {
+			return false, err.Error()
+		}
+		if err := sb.Exec(ctx, `CHECKPOINT`); err != nil {
+			return false, err.Error()
+		}
+		var why *string
+		if err := sb.QueryRow(ctx, `SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&why); err != nil {
+			return false, err.Error()
+		}
+		return why != nil, "not invalidated yet"
+	})
+
+	// Included again: the tablet tries the preferred standby, finds its slot
+	// invalidated (then re-made past the checkpoint), and stays off it.
+	p.signal(stream, "include", `{"aliases": ["zone2-s1a"]}`)
+	st := p.waitStatus(stream, "s1 excludes the standby by itself", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		for _, e := range tabletStatus(st, "s1").Excluded {
+			if e.Alias == "zone2-s1a" && (strings.Contains(e.Reason, "SLOT_INVALIDATED") || strings.Contains(e.Reason, "POSITION_MISMATCH")) {
+				return tabletStatus(st, "s1").State == workflows.Streaming, summary(st)
+			}
+		}
+		return false, fmt.Sprintf("%s; excluded %+v", summary(st), tabletStatus(st, "s1").Excluded)
+	})
+	t.Logf("s1: %s, excluded %+v", replicaOf(st, "s1"), tabletStatus(st, "s1").Excluded)
+	require.Equal(t, "zone1-s1p", replicaOf(st, "s1"))
+
+	require.NoError(t, load.Stop())
+	p.requireShardsExact(out, 2*time.Minute)
+}
