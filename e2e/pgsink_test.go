@@ -53,6 +53,32 @@ func TestTabletdIntoPostgresChangelogIsExactAcrossWorkerKills(t *testing.T) {
 			return n > at+200, fmt.Sprintf("%d records, %d at the kill", n, at)
 		})
 	}
+	// The sink database goes away for a while: tablets say so and wait,
+	// excluding no source replica; back, they carry on.
+	require.NoError(t, db.Stop())
+	e.waitStatus(stream, "tablets waiting for the sink", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		for _, tab := range st.Tablets {
+			if tab.State == workflows.Retrying && strings.Contains(tab.Reason, "sink unavailable") {
+				return true, ""
+			}
+		}
+		return false, summary(st)
+	})
+	st, err := e.status(stream)
+	require.NoError(t, err)
+	for _, tab := range st.Tablets {
+		require.Empty(t, tab.Excluded, "%s: the sink's outage excludes no replica", tab.ID)
+	}
+	require.NoError(t, db.Start(ctx))
+	conn, err = db.Connect(ctx)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	at := stored().Records
+	e.eventually("records arrive again after the sink's outage", time.Minute, func() (bool, string) {
+		n := stored().Records
+		return n > at+200, fmt.Sprintf("%d records, %d when the sink came back", n, at)
+	})
+
 	e.workload(sourcepb.WorkloadRequest_STOP)
 	e.eventually("the change table holds exactly the stream's records", 2*time.Minute, func() (bool, string) {
 		due, err := e.admin.Digest(ctx, &sourcepb.DigestRequest{Stream: stream})
@@ -63,7 +89,7 @@ func TestTabletdIntoPostgresChangelogIsExactAcrossWorkerKills(t *testing.T) {
 		return due.Records == got.Records && due.Hash == got.Hash,
 			fmt.Sprintf("due %d records hash %s, table %d records hash %s", due.Records, digest.HashHex(due.Hash), got.Records, digest.HashHex(got.Hash))
 	})
-	st, err := e.status(stream)
+	st, err = e.status(stream)
 	require.NoError(t, err)
 	ok, why := inState(6, workflows.Streaming)(st)
 	require.True(t, ok, why)
