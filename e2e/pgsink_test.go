@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -163,22 +162,9 @@ func mirrorTables(ctx context.Context, n *pgbed.Node) (pgbed.TextTables, error) 
 			if err := rows.Scan(&s); err != nil {
 				return nil, err
 			}
-			var raw map[string]json.RawMessage
-			if err := json.Unmarshal([]byte(s), &raw); err != nil {
+			row, err := pgbed.TextRow([]byte(s))
+			if err != nil {
 				return nil, err
-			}
-			row := map[string]any{}
-			for k, v := range raw {
-				var x any
-				if err := json.Unmarshal(v, &x); err != nil {
-					return nil, err
-				}
-				switch x.(type) {
-				case nil, string:
-					row[k] = x
-				default:
-					row[k] = string(v)
-				}
 			}
 			tbl[fmt.Sprintf(`{"id":%s}`, row["id"])] = row
 		}

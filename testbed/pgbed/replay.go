@@ -60,25 +60,40 @@ func replay(recs []source.Record, lenient bool) (TextTables, error) {
 				row[k] = v
 			}
 		}
-		var after map[string]json.RawMessage
-		if err := json.Unmarshal(r.After, &after); err != nil {
+		after, err := TextRow(r.After)
+		if err != nil {
 			return nil, fmt.Errorf("%s %s at %s: after: %w", r.Table, key, r.Position, err)
 		}
 		for k, v := range after {
-			var x any
-			if err := json.Unmarshal(v, &x); err != nil {
-				return nil, err
-			}
-			switch x.(type) {
-			case nil, string:
-				row[k] = x
-			default: // numbers and booleans: their JSON text is PostgreSQL's
-				row[k] = string(v)
-			}
+			row[k] = v
 		}
 		tbl[key] = row
 	}
 	return out, nil
+}
+
+// TextRow turns a JSON object of a row (a record's after image, a mirror
+// table's row) into column → text form: a string as it is, null as nil,
+// numbers and booleans as their JSON text (which is PostgreSQL's).
+func TextRow(obj json.RawMessage) (map[string]any, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(obj, &raw); err != nil {
+		return nil, err
+	}
+	row := make(map[string]any, len(raw))
+	for k, v := range raw {
+		var x any
+		if err := json.Unmarshal(v, &x); err != nil {
+			return nil, err
+		}
+		switch x.(type) {
+		case nil, string:
+			row[k] = x
+		default:
+			row[k] = string(v)
+		}
+	}
+	return row, nil
 }
 
 // TextTables reads the bed's tables on a node as Replay builds them.
