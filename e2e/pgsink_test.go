@@ -175,3 +175,21 @@ func mirrorTables(ctx context.Context, n *pgbed.Node) (pgbed.TextTables, error) 
 	}
 	return out, nil
 }
+
+// Wrong credentials for the sink database: the tablets fail, saying why,
+// instead of retrying forever or blaming a source replica.
+func TestPostgresSinkWithWrongCredentialsFailsTheTabletsWithTheReason(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	e := newEnv(t, "--tablets", "2", "--rate", "100")
+	t.Setenv("TF_E2E_BAD_SINK_DSN", strings.Replace(db.DSN(), pgbed.Password, "not-the-password", 1))
+	e.startWorker()
+	const stream = "pgdenied"
+	e.startStream(stream, e.config("", map[string]any{"sink": map[string]any{"kind": "postgres", "dsnEnv": "TF_E2E_BAD_SINK_DSN"}}))
+	st := e.waitStatus(stream, "every tablet Failed", 2*time.Minute, inState(2, workflows.Failed))
+	for _, tab := range st.Tablets {
+		require.Contains(t, tab.Reason, "password authentication failed", tab.ID)
+		require.NotContains(t, tab.Reason, "not-the-password", "%s: the secret is not shown", tab.ID)
+		require.Empty(t, tab.Excluded, "%s: no source replica blamed", tab.ID)
+	}
+	t.Logf("reason: %s", st.Tablets[0].Reason)
+}
