@@ -41,6 +41,7 @@ bench: build $(BIN)/temporal pg ## benchmarks; results into bench/results
 	go run ./bench/throughput --bin $(BIN) --out bench/results/throughput.json
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
 	go run ./bench/pgsource --bin $(BIN) --out bench/results/pgsource.json
+	go run ./bench/pgsink --out bench/results/pgsink.json
 
 bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams, then 5 min steady (~30 min); bench/results/scale.json
 	mkdir -p bench/results
@@ -93,7 +94,7 @@ lint: $(BIN)/staticcheck ## gofmt, go vet, staticcheck
 	go vet ./...
 	$(BIN)/staticcheck ./...
 
-demo: build $(BIN)/temporal ## Temporal dev server + Web UI, tabletd, worker and a live stream
+demo: build $(BIN)/temporal ## Temporal dev server + Web UI, tabletd, worker and a live stream (into PostgreSQL if TABLETFLOW_DEMO_SINK_DSN is set)
 	demo/demo.sh
 
 demo-postgres: build $(BIN)/temporal pg ## like demo, with a PostgreSQL bed (3 shards × primary + 2 standbys) as the source

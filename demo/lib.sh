@@ -68,6 +68,11 @@ start_worker() {
   start worker env "${env[@]}" "$BIN/worker" --log-format json
 }
 
+# worker_env_has KEY=VALUE: the running worker's environment holds it.
+worker_env_has() {
+  running worker && tr '\0' '\n' <"/proc/$(cat "$DATA/worker.pid")/environ" | grep -qxF -- "$1"
+}
+
 stream_running() {
   local out
   out=$("$BIN/temporal" workflow describe --workflow-id "$1" -o json 2>/dev/null) || return 1

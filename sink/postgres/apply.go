@@ -20,8 +20,9 @@ import (
 // Inserts and reads (a snapshot's rows) set a row, updates set the columns
 // their after image carries (an unchanged TOAST value left out keeps its
 // value), deletes remove it. Tables and columns are made as records bring
-// them, in the batch's transaction, so a batch that does not fit (a mirror
-// table keyed otherwise, a column of another type) fails whole.
+// them; the rows are written in the batch's transaction, so a batch that
+// does not fit (a mirror table keyed otherwise, a column of another type)
+// fails whole, no row written.
 
 // mirror is what the sink knows of one mirror table.
 type mirror struct {
@@ -80,9 +81,12 @@ func fields(raw json.RawMessage) ([]string, map[string]json.RawMessage, error) {
 	return keys, vals, nil
 }
 
-// table returns the mirror of a source table, making it (or the columns
-// it lacks) inside tx when needed.
-func (s *Sink) mirrorOf(ctx context.Context, tx pgx.Tx, r source.Record, keyCols, cols []string) (*mirror, error) {
+// mirrorOf returns the mirror of a source table, making it (or the
+// columns it lacks) when needed. Tables and columns are made in
+// transactions of their own (IF NOT EXISTS: concurrent tablets may race to
+// make them), so a batch's transaction only writes rows; a batch that then
+// fails leaves at most an empty table or column behind.
+func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []string) (*mirror, error) {
 	s.mirrors.mu.Lock()
 	defer s.mirrors.mu.Unlock()
 	if s.mirrors.m == nil {
@@ -90,49 +94,23 @@ func (s *Sink) mirrorOf(ctx context.Context, tx pgx.Tx, r source.Record, keyCols
 	}
 	m := s.mirrors.m[r.Table]
 	if m == nil {
-		name := mirrorName(r.Table)
-		m = &mirror{name: pgx.Identifier{s.schema, name}.Sanitize(), cols: map[string]bool{}}
-		rows, err := tx.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod),
-				COALESCE(array_position(i.indkey::int2[], a.attnum), 0)
-			FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
-			WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, m.name)
-		if err != nil {
+		name := pgx.Identifier{s.schema, mirrorName(r.Table)}.Sanitize()
+		var err error
+		if m, err = s.loadMirror(ctx, name); err != nil {
 			return nil, err
-		}
-		keyAt := map[int]string{}
-		for rows.Next() {
-			var col, typ string
-			var pos int
-			if err := rows.Scan(&col, &typ, &pos); err != nil {
-				return nil, err
-			}
-			m.cols[col] = true
-			if pos > 0 {
-				keyAt[pos] = col
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-		for i := 1; i <= len(keyAt); i++ {
-			m.key = append(m.key, keyAt[i])
 		}
 		if len(m.cols) == 0 { // a new table
 			defs := make([]string, 0, len(cols)+1)
 			for _, c := range cols {
 				defs = append(defs, pgx.Identifier{c}.Sanitize()+" jsonb")
 			}
-			quoted := make([]string, len(keyCols))
-			for i, k := range keyCols {
-				quoted[i] = pgx.Identifier{k}.Sanitize()
+			defs = append(defs, "PRIMARY KEY ("+quoteAll(keyCols)+")")
+			if _, err := s.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+name+` (`+strings.Join(defs, ", ")+`)`); err != nil &&
+				!isCode(err, "42P07") && !isCode(err, "23505") {
+				return nil, fmt.Errorf("create mirror table %s: %w", name, classify(err))
 			}
-			defs = append(defs, "PRIMARY KEY ("+strings.Join(quoted, ", ")+")")
-			if _, err := tx.Exec(ctx, `CREATE TABLE `+m.name+` (`+strings.Join(defs, ", ")+`)`); err != nil {
-				return nil, fmt.Errorf("create mirror table %s: %w", m.name, err)
-			}
-			m.key = slices.Clone(keyCols)
-			for _, c := range cols {
-				m.cols[c] = true
+			if m, err = s.loadMirror(ctx, name); err != nil {
+				return nil, err
 			}
 		}
 		s.mirrors.m[r.Table] = m
@@ -145,12 +123,53 @@ func (s *Sink) mirrorOf(ctx context.Context, tx pgx.Tx, r source.Record, keyCols
 		if m.cols[c] {
 			continue
 		}
-		if _, err := tx.Exec(ctx, `ALTER TABLE `+m.name+` ADD COLUMN IF NOT EXISTS `+pgx.Identifier{c}.Sanitize()+` jsonb`); err != nil {
-			return nil, fmt.Errorf("add column %s to %s: %w", c, m.name, err)
+		if _, err := s.pool.Exec(ctx, `ALTER TABLE `+m.name+` ADD COLUMN IF NOT EXISTS `+pgx.Identifier{c}.Sanitize()+` jsonb`); err != nil &&
+			!isCode(err, "42701") && !isCode(err, "23505") {
+			return nil, fmt.Errorf("add column %s to %s: %w", c, m.name, classify(err))
 		}
 		m.cols[c] = true
 	}
 	return m, nil
+}
+
+// loadMirror reads a mirror table's columns and primary key (none: the
+// table does not exist).
+func (s *Sink) loadMirror(ctx context.Context, name string) (*mirror, error) {
+	m := &mirror{name: name, cols: map[string]bool{}}
+	// indkey is an int2vector, numbered from 0.
+	rows, err := s.pool.Query(ctx, `SELECT a.attname, array_position(i.indkey::int2[], a.attnum)
+		FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, name)
+	if err != nil {
+		return nil, fmt.Errorf("read mirror table %s: %w", name, classify(err))
+	}
+	keyAt := map[int]string{}
+	for rows.Next() {
+		var col string
+		var pos *int
+		if err := rows.Scan(&col, &pos); err != nil {
+			return nil, err
+		}
+		m.cols[col] = true
+		if pos != nil {
+			keyAt[*pos] = col
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range len(keyAt) {
+		m.key = append(m.key, keyAt[i])
+	}
+	return m, nil
+}
+
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return strings.Join(q, ", ")
 }
 
 // forget drops the cached mirrors (after a failed transaction, whose DDL
@@ -161,17 +180,22 @@ func (s *Sink) forgetMirrors() {
 	s.mirrors.mu.Unlock()
 }
 
-// apply queues the statements that apply records to their mirror tables.
-func (s *Sink) apply(ctx context.Context, tx pgx.Tx, recs []source.Record) error {
+// applyBatch makes the mirror tables and columns the records need and
+// returns the statements that apply them, for the commit's transaction to
+// send. It runs before that transaction begins: making a table takes a
+// connection of its own, which a writer must not wait for while it holds
+// one in a transaction (with every connection of the pool held so, none
+// would come).
+func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch, error) {
 	b := &pgx.Batch{}
 	for _, r := range recs {
 		keyCols, key, err := fields(r.Key)
 		if err != nil || len(keyCols) == 0 {
-			return fmt.Errorf("%w: key of %s at %s is not a JSON object with fields", sink.ErrBadRecord, r.Table, r.Position)
+			return nil, fmt.Errorf("%w: key of %s at %s is not a JSON object with fields", sink.ErrBadRecord, r.Table, r.Position)
 		}
 		cols, after, err := fields(r.After)
 		if err != nil {
-			return fmt.Errorf("%w: after of %s at %s: %v", sink.ErrBadRecord, r.Table, r.Position, err)
+			return nil, fmt.Errorf("%w: after of %s at %s: %v", sink.ErrBadRecord, r.Table, r.Position, err)
 		}
 		for _, k := range keyCols { // the key's fields are columns too
 			if _, ok := after[k]; !ok && r.Op != source.Delete {
@@ -182,9 +206,9 @@ func (s *Sink) apply(ctx context.Context, tx pgx.Tx, recs []source.Record) error
 				after[k] = key[k]
 			}
 		}
-		m, err := s.mirrorOf(ctx, tx, r, keyCols, cols)
+		m, err := s.mirrorOf(ctx, r, keyCols, cols)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		where := make([]string, len(keyCols))
 		args := make([]any, len(keyCols))
@@ -208,18 +232,11 @@ func (s *Sink) apply(ctx context.Context, tx pgx.Tx, recs []source.Record) error
 				sets = append(sets, q+" = EXCLUDED."+q)
 			}
 		}
-		quotedKey := make([]string, len(keyCols))
-		for i, k := range keyCols {
-			quotedKey[i] = pgx.Identifier{k}.Sanitize()
-		}
-		conflict := " ON CONFLICT (" + strings.Join(quotedKey, ", ") + ") DO NOTHING"
+		conflict := " ON CONFLICT (" + quoteAll(keyCols) + ") DO NOTHING"
 		if len(sets) > 0 {
-			conflict = " ON CONFLICT (" + strings.Join(quotedKey, ", ") + ") DO UPDATE SET " + strings.Join(sets, ", ")
+			conflict = " ON CONFLICT (" + quoteAll(keyCols) + ") DO UPDATE SET " + strings.Join(sets, ", ")
 		}
 		b.Queue(`INSERT INTO `+m.name+` (`+strings.Join(names, ", ")+`) VALUES (`+strings.Join(vals, ", ")+`)`+conflict, args...)
 	}
-	if b.Len() == 0 {
-		return nil
-	}
-	return tx.SendBatch(ctx, b).Close()
+	return b, nil
 }

@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,4 +79,60 @@ func TestApplyModeKeepsTheCurrentRowsAndFailsWholeOnAMisfit(t *testing.T) {
 	require.NoError(t, w2.Write(ctx, []source.Record{item}))
 	err = w2.Commit(ctx, item.Position)
 	require.ErrorIs(t, err, sink.ErrBadRecord, "%v", err)
+}
+
+// Mirror tables made by another sink instance (a restarted or second
+// worker) are used as they are, keyed as made (a key of two columns
+// too); tablets whose first batches make the same table at once all
+// commit.
+func TestApplyModeSharesMirrorTablesAcrossInstancesAndTablets(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := context.Background()
+	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "shared"}
+	open := func() sink.Sink {
+		s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	two := func(tablet string, pos uint64, a, b int) source.Record {
+		return source.Record{Tablet: tablet, Position: source.Checkpoint{Term: 1, Index: pos}, Table: "public.pairs", Op: source.Insert,
+			Key:   json.RawMessage(fmt.Sprintf(`{"a":%d,"b":%d}`, a, b)),
+			After: json.RawMessage(fmt.Sprintf(`{"a":%d,"b":%d,"v":"x"}`, a, b)), CommitTime: time.Unix(1, 0)}
+	}
+	// Eight tablets' first batches at once, from two instances.
+	s1, s2 := open(), open()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		s := s1
+		if i%2 == 1 {
+			s = s2
+		}
+		tablet := fmt.Sprintf("t-%04d", i+1)
+		wg.Go(func() {
+			w, err := s.Open(ctx, tablet)
+			if err == nil {
+				err = w.Write(ctx, []source.Record{two(tablet, 1, i, 1)})
+			}
+			if err == nil {
+				err = w.Commit(ctx, source.Checkpoint{Term: 1, Index: 1})
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	// A third instance, as a restarted worker, writes to the same table.
+	s3 := open()
+	w, err := s3.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, []source.Record{two("t-0001", 2, 100, 2)}))
+	require.NoError(t, w.Commit(ctx, source.Checkpoint{Term: 1, Index: 2}), "a table made by another instance keeps its two-column key")
+	var n int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM shared.public__pairs`).Scan(&n))
+	require.Equal(t, 9, n)
 }

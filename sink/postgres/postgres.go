@@ -254,6 +254,14 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 	if cp.Compare(w.cp) < 0 || len(w.staged) > 0 && cp.Compare(w.staged[len(w.staged)-1].Position) < 0 {
 		return fmt.Errorf("%w: %s is before the checkpoint %s or the last staged record", sink.ErrBadCommit, cp, w.cp)
 	}
+	var apply *pgx.Batch
+	if w.s.applyMode && len(w.staged) > 0 {
+		var err error
+		if apply, err = w.s.applyBatch(ctx, w.staged); err != nil {
+			w.s.forgetMirrors()
+			return fmt.Errorf("commit tablet %s at %s: %w", w.tablet, cp, err)
+		}
+	}
 	err := pgx.BeginFunc(ctx, w.s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE `+w.s.table("checkpoints")+` SET checkpoint = $4, updated_at = now()
 			WHERE stream = $1 AND tablet = $2 AND checkpoint = $3`, w.s.stream, w.tablet, w.cp.String(), cp.String())
@@ -266,8 +274,8 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		if len(w.staged) == 0 {
 			return nil
 		}
-		if w.s.applyMode {
-			return w.s.apply(ctx, tx, w.staged)
+		if apply != nil {
+			return tx.SendBatch(ctx, apply).Close()
 		}
 		_, err = tx.CopyFrom(ctx, pgx.Identifier{w.s.schema, "changes"},
 			[]string{"stream", "tablet", "pos_term", "pos_index", "tbl", "op", "key", "before", "after", "commit_time", "commit_time_ns"},
@@ -279,7 +287,7 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		return err
 	})
 	if err != nil && w.s.applyMode {
-		w.s.forgetMirrors() // tables or columns it made were rolled back
+		w.s.forgetMirrors() // a table may have changed under the cache
 	}
 	if errors.Is(err, sink.ErrFenced) {
 		w.fenced = true
