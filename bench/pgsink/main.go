@@ -39,7 +39,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
@@ -55,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
+	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
@@ -241,18 +241,8 @@ func run() error {
 	res.DurationS = time.Since(began).Round(time.Millisecond).Seconds()
 	logf("%s", res.Verdict)
 
-	data, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
+	if err := publish.JSON(*out, res); err != nil {
 		return err
-	}
-	fmt.Println(string(data))
-	if *out != "" {
-		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
-			return err
-		}
 	}
 	failed = false
 	return nil

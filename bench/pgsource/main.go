@@ -47,7 +47,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -67,6 +66,7 @@ import (
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
+	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/source"
@@ -270,18 +270,8 @@ func run() error {
 	res.Setup = setupNotes(*writers, *batch)
 	logf("%s", res.Verdict)
 
-	data, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
+	if err := publish.JSON(*out, res); err != nil {
 		return err
-	}
-	fmt.Println(string(data))
-	if *out != "" {
-		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
-			return err
-		}
 	}
 	failed = false
 	return nil

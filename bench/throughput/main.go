@@ -56,6 +56,7 @@ import (
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
+	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
@@ -259,18 +260,8 @@ func run() error {
 		return fmt.Errorf("worker memory: %w", err)
 	}
 
-	data, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
+	if err := publish.JSON(*out, res); err != nil {
 		return err
-	}
-	fmt.Println(string(data))
-	if *out != "" {
-		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
-			return err
-		}
 	}
 	failed = false
 	return nil
