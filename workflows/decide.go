@@ -3,6 +3,7 @@ package workflows
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.temporal.io/sdk/temporal"
 
@@ -90,7 +91,7 @@ func decide(o outcome, sel activities.Selection) decision {
 		return decision{state: Retrying, reason: "sink unavailable: " + o.message, wait: true, keepReplica: true}
 	case runSinkFailed:
 		// No replica can help: the sink cannot take this tablet's data.
-		return decision{state: Failed, reason: "sink: " + o.message, done: true}
+		return decision{state: Failed, reason: prefixed("sink: ", o.message), done: true}
 	case runReplicaUnhealthy:
 		// The picker's health filter skips it: select again at once.
 		return decision{}
@@ -156,4 +157,13 @@ func runOutcome(res activities.GetChangesResult, runErr error, cancelled bool) o
 		o.end = runRetriesExhausted
 	}
 	return o
+}
+
+// prefixed puts p before msg unless msg already begins with it (a sink
+// error's own message says "sink: …").
+func prefixed(p, msg string) string {
+	if strings.HasPrefix(msg, p) {
+		return msg
+	}
+	return p + msg
 }

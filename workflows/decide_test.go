@@ -110,3 +110,12 @@ func TestRunOutcomeReadsTheActivitysTypedErrors(t *testing.T) {
 		})
 	}
 }
+
+// A reason shows what went wrong, without the SDK's "(type: …,
+// retryable: …)" decoration of an activity's error.
+func TestRootMessageIsTheInnermostMessageWithoutDecoration(t *testing.T) {
+	inner := temporal.NewApplicationError("password authentication failed for user \"tabletflow\"", "wrapErrors")
+	outer := temporal.NewNonRetryableApplicationError("sink: access denied", "SinkFailed", inner)
+	require.Equal(t, `password authentication failed for user "tabletflow"`, rootMessage(outer))
+	require.Equal(t, "plain", rootMessage(errors.New("plain")))
+}

@@ -271,13 +271,20 @@ func retriesExhausted(err error) bool {
 	return false
 }
 
-// rootMessage is the innermost error's message: what actually went wrong.
+// rootMessage is the innermost error's message: what actually went wrong
+// (an ApplicationError's own message, without the "(type: …, retryable:
+// …)" its Error adds).
 func rootMessage(err error) string {
 	for {
 		next := errors.Unwrap(err)
 		if next == nil {
-			return err.Error()
+			break
 		}
 		err = next
 	}
+	var app *temporal.ApplicationError
+	if errors.As(err, &app) && app.Message() != "" {
+		return app.Message()
+	}
+	return err.Error()
 }
