@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tabletflow/tabletflow/sink"
+	"github.com/tabletflow/tabletflow/sink/postgres"
 	"github.com/tabletflow/tabletflow/source"
 )
 
@@ -133,25 +134,13 @@ func (b *bench) drive(ctx context.Context, firstAlone bool, open func(ctx contex
 // rawColumns are the change table's columns, as the sink copies them.
 var rawColumns = []string{"stream", "tablet", "pos_term", "pos_index", "tbl", "op", "key", "before", "after", "commit_time", "commit_time_ns"}
 
-// rawDDL makes the raw loop's table: the sink's change table (same
-// columns, types and primary key) in a schema of its own.
+// rawDDL makes the raw loop's table: the sink's change table (the same
+// DDL: columns, types and primary key) in a schema of its own.
 func rawDDL(schema string) []string {
 	return []string{
 		`DROP SCHEMA IF EXISTS ` + pgx.Identifier{schema}.Sanitize() + ` CASCADE`,
 		`CREATE SCHEMA ` + pgx.Identifier{schema}.Sanitize(),
-		`CREATE TABLE ` + pgx.Identifier{schema, "changes"}.Sanitize() + ` (
-			stream text NOT NULL,
-			tablet text NOT NULL,
-			pos_term numeric(20) NOT NULL,
-			pos_index numeric(20) NOT NULL,
-			tbl text NOT NULL,
-			op text NOT NULL,
-			key json,
-			before json,
-			after json,
-			commit_time timestamptz NOT NULL,
-			commit_time_ns bigint NOT NULL,
-			PRIMARY KEY (stream, tablet, pos_term, pos_index))`,
+		`CREATE TABLE ` + postgres.ChangeTableDDL(schema),
 	}
 }
 

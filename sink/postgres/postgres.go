@@ -90,7 +90,21 @@ func (s *Sink) setUp(ctx context.Context) error {
 			checkpoint text NOT NULL,
 			updated_at timestamptz NOT NULL DEFAULT now(),
 			PRIMARY KEY (stream, tablet))`,
-		`CREATE TABLE IF NOT EXISTS ` + s.table("changes") + ` (
+		`CREATE TABLE IF NOT EXISTS ` + ChangeTableDDL(s.schema),
+	}
+	for _, q := range stmts {
+		if _, err := s.pool.Exec(ctx, q); err != nil && !isCode(err, "23505") && !isCode(err, "42P06") && !isCode(err, "42P07") {
+			return fmt.Errorf("set up the sink's tables in schema %s: %w", s.schema, classify(err))
+		}
+	}
+	return nil
+}
+
+// ChangeTableDDL is the column list and key of <schema>.changes, after
+// CREATE TABLE <name> (for a baseline that must store records the same
+// way, bench/pgsink's raw COPY loop).
+func ChangeTableDDL(schema string) string {
+	return pgx.Identifier{schema, "changes"}.Sanitize() + ` (
 			stream text NOT NULL,
 			tablet text NOT NULL,
 			pos_term numeric(20) NOT NULL,
@@ -102,14 +116,7 @@ func (s *Sink) setUp(ctx context.Context) error {
 			after json,
 			commit_time timestamptz NOT NULL,
 			commit_time_ns bigint NOT NULL,
-			PRIMARY KEY (stream, tablet, pos_term, pos_index))`,
-	}
-	for _, q := range stmts {
-		if _, err := s.pool.Exec(ctx, q); err != nil && !isCode(err, "23505") && !isCode(err, "42P06") && !isCode(err, "42P07") {
-			return fmt.Errorf("set up the sink's tables in schema %s: %w", s.schema, classify(err))
-		}
-	}
-	return nil
+			PRIMARY KEY (stream, tablet, pos_term, pos_index))`
 }
 
 // Close closes the sink's connections; open writers stop working.
@@ -139,24 +146,25 @@ func (s *Sink) Open(ctx context.Context, tablet string) (sink.TabletWriter, erro
 	if tablet == "" || len(tablet) > maxTabletID {
 		return nil, fmt.Errorf("%w: %q (1 to %d bytes)", sink.ErrBadTablet, tablet, maxTabletID)
 	}
-	var cpText *string
-	var lastTerm, lastIndex *string
+	// The stored checkpoint, and the last stored position (which must not
+	// be past it).
+	var cpText, lastText *string
 	err := s.pool.QueryRow(ctx, `SELECT
 			(SELECT checkpoint FROM `+s.table("checkpoints")+` WHERE stream = $1 AND tablet = $2),
-			(SELECT pos_term::text FROM `+s.table("changes")+` WHERE stream = $1 AND tablet = $2 ORDER BY pos_term DESC, pos_index DESC LIMIT 1),
-			(SELECT pos_index::text FROM `+s.table("changes")+` WHERE stream = $1 AND tablet = $2 ORDER BY pos_term DESC, pos_index DESC LIMIT 1)`,
-		s.stream, tablet).Scan(&cpText, &lastTerm, &lastIndex)
+			(SELECT pos_term::text || '.' || pos_index::text FROM `+s.table("changes")+`
+				WHERE stream = $1 AND tablet = $2 ORDER BY pos_term DESC, pos_index DESC LIMIT 1)`,
+		s.stream, tablet).Scan(&cpText, &lastText)
 	if err != nil {
 		return nil, fmt.Errorf("open tablet %s: %w", tablet, classify(err))
 	}
 	var last source.Checkpoint
-	if lastTerm != nil {
-		if last, err = source.ParseCheckpoint(*lastTerm + "." + *lastIndex); err != nil {
-			return nil, fmt.Errorf("%w: tablet %s: stored position %s.%s", sink.ErrCorrupt, tablet, *lastTerm, *lastIndex)
+	if lastText != nil {
+		if last, err = source.ParseCheckpoint(*lastText); err != nil {
+			return nil, fmt.Errorf("%w: tablet %s: stored position %s", sink.ErrCorrupt, tablet, *lastText)
 		}
 	}
 	if cpText == nil {
-		if lastTerm != nil {
+		if lastText != nil {
 			return nil, fmt.Errorf("%w: tablet %s of stream %s has records in %s but no row in %s",
 				sink.ErrCorrupt, tablet, s.stream, s.table("changes"), s.table("checkpoints"))
 		}

@@ -256,9 +256,11 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 		return streamMeta{}, err
 	}
 	pub := PublicationName(stream)
-	var comment *string
-	err = pool.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment)
-	if errors.Is(err, pgx.ErrNoRows) {
+	m, exists, err := prim.readMeta(ctx, stream)
+	if err != nil {
+		return streamMeta{}, err
+	}
+	if !exists {
 		tables := make([]string, len(spec.Tables))
 		for i, t := range spec.Tables {
 			schema, name, _ := strings.Cut(t, ".")
@@ -271,15 +273,9 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 		if err != nil && !isCode(err, "42710") { // duplicate_object: a concurrent ensure
 			return streamMeta{}, fmt.Errorf("create publication on %s: %w", prim.cfg.Alias, err)
 		}
-	} else if err != nil {
-		return streamMeta{}, fmt.Errorf("read publication on %s: %w", prim.cfg.Alias, err)
 	}
-	if comment != nil && *comment != "" {
-		var m streamMeta
-		if err := json.Unmarshal([]byte(*comment), &m); err == nil && m.Start != 0 {
-			// Slots lost since are re-created by their readers.
-			return m, nil
-		}
+	if m.Start != 0 {
+		return m, nil // slots lost since are re-made by their readers
 	}
 	var start pglogrepl.LSN
 	for _, r := range sh.replicas {
@@ -296,7 +292,7 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 	if err != nil {
 		return streamMeta{}, fmt.Errorf("read timeline on %s: %w", prim.cfg.Alias, err)
 	}
-	m := streamMeta{Start: start, Timeline: tli, Created: time.Now().UTC().Truncate(time.Second), Snapshot: spec.StartFrom == source.StartSnapshot}
+	m = streamMeta{Start: start, Timeline: tli, Created: time.Now().UTC().Truncate(time.Second), Snapshot: spec.StartFrom == source.StartSnapshot}
 	if m.Snapshot {
 		if err := ensureProgressTable(ctx, prim); err != nil {
 			return streamMeta{}, err
@@ -307,6 +303,30 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 		return streamMeta{}, fmt.Errorf("record the stream's start on %s: %w", prim.cfg.Alias, err)
 	}
 	return m, nil
+}
+
+// readMeta reads a stream's record on a server: its publication's comment
+// (the catalog is replicated, so a standby has it too). exists says
+// whether the publication is there; a publication without a readable
+// record gives the zero streamMeta.
+func (r *replica) readMeta(ctx context.Context, stream string) (m streamMeta, exists bool, err error) {
+	pool, err := r.poolOf()
+	if err != nil {
+		return m, false, err
+	}
+	var comment *string
+	err = pool.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`,
+		PublicationName(stream)).Scan(&comment)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return m, false, nil
+	}
+	if err != nil {
+		return m, false, fmt.Errorf("read the publication of %s on %s: %w", stream, r.cfg.Alias, err)
+	}
+	if comment != nil && *comment != "" {
+		_ = json.Unmarshal([]byte(*comment), &m) // not ours (or damaged): made again
+	}
+	return m, true, nil
 }
 
 // slotRow is a slot's state on one replica.

@@ -1,9 +1,7 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -94,7 +92,7 @@ func ensureProgressTable(ctx context.Context, r *replica) error {
 // chunk. It returns nil when the stream has no snapshot or its copy is
 // complete.
 func (r *Reader) openSnapshot(ctx context.Context, stream string) (*snapshot, error) {
-	meta, err := r.src.meta(ctx, stream, r.rep)
+	meta, _, err := r.rep.readMeta(ctx, stream)
 	if err != nil || !meta.Snapshot {
 		return nil, err
 	}
@@ -340,29 +338,6 @@ func selectChunk(ctx context.Context, pool interface {
 		}
 	}
 	return out, append([]string(nil), lastKey...), rows.Err()
-}
-
-// meta reads a stream's record on a shard (the publication's comment, on
-// the replica: the catalog is replicated).
-func (s *Source) meta(ctx context.Context, stream string, r *replica) (streamMeta, error) {
-	pool, err := r.poolOf()
-	if err != nil {
-		return streamMeta{}, err
-	}
-	var comment *string
-	err = pool.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`,
-		PublicationName(stream)).Scan(&comment)
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && (comment == nil || *comment == "") {
-		return streamMeta{}, nil
-	}
-	if err != nil {
-		return streamMeta{}, fmt.Errorf("stream %s on %s: %w", stream, r.cfg.Alias, err)
-	}
-	var m streamMeta
-	if err := json.NewDecoder(bytes.NewReader([]byte(*comment))).Decode(&m); err != nil {
-		return streamMeta{}, fmt.Errorf("stream %s on %s: its publication's comment: %w", stream, r.cfg.Alias, err)
-	}
-	return m, nil
 }
 
 // delivered hands a chunk out when the log reaches its watermark: its rows
