@@ -264,13 +264,24 @@ func summary(st workflows.StreamStatus) string {
 	return b.String()
 }
 
-// cli runs the Temporal CLI against the env's dev server.
+// cli runs the Temporal CLI against the env's dev server. A command the
+// server refuses with "Workflow is busy" (it could not take the workflow's
+// lock in time: many signals at once on a loaded machine) is repeated, as
+// the README tells an operator to, for up to 30 s; any other error fails.
 func (e *env) cli(args ...string) string {
 	e.t.Helper()
-	cmd := exec.Command(temporalCLI, append(args, "--address", e.addr)...)
-	out, err := cmd.CombinedOutput()
-	require.NoError(e.t, err, "temporal %v: %s", args, out)
-	return string(out)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cmd := exec.Command(temporalCLI, append(args, "--address", e.addr)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil && strings.Contains(string(out), "Workflow is busy") && time.Now().Before(deadline) {
+			e.t.Logf("temporal %v: workflow busy, repeating", args)
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		require.NoError(e.t, err, "temporal %v: %s", args, out)
+		return string(out)
+	}
 }
 
 // signal sends an operator signal with the Temporal CLI, as an operator
