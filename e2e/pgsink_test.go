@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
@@ -18,19 +20,28 @@ import (
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
-// The PostgreSQL sink in changelog mode, from tabletd, with two workers on
-// the task queue and one of them killed (kill -9) three times at random
-// moments: after the drain, the change table holds exactly tabletd's
-// digest of the stream (count and hash), each (tablet, position) once.
-func TestTabletdIntoPostgresChangelogIsExactAcrossWorkerKills(t *testing.T) {
+// The PostgreSQL sink from tabletd, two streams on one database — one in
+// changelog mode, one in apply mode — with two workers on the task queue
+// and one of them killed (kill -9) three times at random moments, and the
+// database stopped and started: after the drain, the change table holds
+// exactly tabletd's digest of its stream (count and hash), each (tablet,
+// position) once, and the mirror tables hold exactly tabletd's final rows.
+// The workload starts after both streams, so both are due every change.
+func TestTabletdIntoPostgresIsExactAcrossWorkerKills(t *testing.T) {
 	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
-	e := newEnv(t, "--tablets", "6", "--rate", "300")
+	e := newEnv(t, "--tablets", "6", "--rate", "0")
 	t.Setenv("TF_E2E_SINK_DSN", db.DSN())
 	victim := e.startWorker()
 	e.startWorker()
-	const stream = "pgsink"
+	const stream, mirrored = "pgsink", "pgmirror"
 	e.startStream(stream, e.config("", map[string]any{"sink": map[string]any{"kind": "postgres", "dsnEnv": "TF_E2E_SINK_DSN"}}))
+	e.startStream(mirrored, e.config("", map[string]any{"sink": map[string]any{
+		"kind": "postgres", "dsnEnv": "TF_E2E_SINK_DSN", "mode": "apply", "schema": "mirror"}}))
 	e.waitStatus(stream, "every tablet streaming", 2*time.Minute, allStreaming(6))
+	e.waitStatus(mirrored, "every tablet streaming", 2*time.Minute, allStreaming(6))
+	_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RATE, Rate: 300})
+	require.NoError(t, err)
+	e.workload(sourcepb.WorkloadRequest_RESUME)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -88,8 +99,57 @@ func TestTabletdIntoPostgresChangelogIsExactAcrossWorkerKills(t *testing.T) {
 		return due.Records == got.Records && due.Hash == got.Hash,
 			fmt.Sprintf("due %d records hash %s, table %d records hash %s", due.Records, digest.HashHex(due.Hash), got.Records, digest.HashHex(got.Hash))
 	})
+	e.eventually("the mirror tables hold exactly tabletd's rows", 2*time.Minute, func() (bool, string) {
+		resp, err := e.admin.Rows(ctx, &sourcepb.RowsRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		want := map[string]map[string]any{} // table/key → row
+		for _, r := range resp.Rows {
+			var row map[string]any
+			require.NoError(t, json.Unmarshal(r.Row, &row))
+			want[r.Table+"/"+string(r.Key)] = row
+		}
+		got, err := mirrorRows(ctx, conn, "mirror", "customers", "orders", "payments")
+		if err != nil {
+			return false, err.Error()
+		}
+		return reflect.DeepEqual(want, got), fmt.Sprintf("%d rows mirrored, tabletd has %d", len(got), len(want))
+	})
 	// And every tablet streams on (one may be between runs for a moment).
 	e.waitStatus(stream, "every tablet streaming", time.Minute, allStreaming(6))
+	e.waitStatus(mirrored, "every tablet streaming", time.Minute, allStreaming(6))
+}
+
+// mirrorRows reads apply-mode mirror tables keyed by id, as "table/key" →
+// row, the key in tabletd's canonical form ({"id":N}).
+func mirrorRows(ctx context.Context, conn *pgx.Conn, schema string, tables ...string) (map[string]map[string]any, error) {
+	out := map[string]map[string]any{}
+	for _, table := range tables {
+		rows, err := conn.Query(ctx, `SELECT to_jsonb(t)::text FROM `+pgx.Identifier{schema, table}.Sanitize()+` t`)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				return nil, err
+			}
+			var row map[string]any
+			if err := json.Unmarshal([]byte(s), &row); err != nil {
+				return nil, err
+			}
+			key, err := json.Marshal(map[string]any{"id": row["id"]})
+			if err != nil {
+				return nil, err
+			}
+			out[table+"/"+string(key)] = row
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // From the PostgreSQL source (2 shards, read from standbys) into the

@@ -29,6 +29,7 @@ commands:
   workload status|pause|resume|stop   the write workload (stop is for good)
   workload rate N                     records per second
   digest [--stream ID]                records produced (or due to stream ID) and their hash
+  rows [--table T]                    the workload's current rows, one JSON object a line
   fault --server ALIAS [--tablet ID] [--down] [--not-serving] [--position-mismatch]
         [--code CODE [--error-rate R]] [--latency D] [--lag D] [--unhealthy]
   fault --topology-down [--for D]     Topology RPCs answer UNAVAILABLE (for D, or until healed)
@@ -82,6 +83,8 @@ func ctl(args []string, stdout, stderr io.Writer) error {
 		err = ctlWorkload(ctx, cl, rest, stdout)
 	case "digest":
 		err = ctlDigest(ctx, cl, rest, stdout, stderr)
+	case "rows":
+		err = ctlRows(ctx, cl, rest, stdout, stderr)
 	case "fault":
 		err = ctlFault(ctx, cl, rest, stdout, stderr)
 	case "heal":
@@ -242,6 +245,32 @@ func ctlDigest(ctx context.Context, cl ctlClients, args []string, stdout, stderr
 		out.Tablets[id] = TabletJSON{Records: d.Records, Hash: digest.HashHex(d.Hash)}
 	}
 	return printJSON(stdout, out)
+}
+
+// RowJSON is a line of `ctl rows`.
+type RowJSON struct {
+	Table string          `json:"table"`
+	Key   json.RawMessage `json:"key"`
+	Row   json.RawMessage `json:"row"`
+}
+
+func ctlRows(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
+	fs := flags("rows", stderr)
+	table := fs.String("table", "", "only this table")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	resp, err := cl.admin.Rows(ctx, &sourcepb.RowsRequest{Table: *table})
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(stdout)
+	for _, r := range resp.Rows {
+		if err := enc.Encode(RowJSON{Table: r.Table, Key: r.Key, Row: r.Row}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func ctlFault(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {

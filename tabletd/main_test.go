@@ -60,6 +60,22 @@ func TestCtlCommandsDriveTheCluster(t *testing.T) {
 	require.Len(t, d.Hash, 16)
 	require.Len(t, d.Tablets, 4)
 
+	// 120 records from nothing: the first is an insert, so rows exist;
+	// each line is a row of a workload table, keyed by its id.
+	code, out, _ = ctlRun(t, addr, "rows", "--table", "orders")
+	require.Zero(t, code)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.NotEmpty(t, lines[0])
+	for _, line := range lines {
+		var r RowJSON
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		require.Equal(t, "orders", r.Table)
+		var key, row map[string]any
+		require.NoError(t, json.Unmarshal(r.Key, &key))
+		require.NoError(t, json.Unmarshal(r.Row, &row))
+		require.Equal(t, key["id"], row["id"])
+	}
+
 	code, out, _ = ctlRun(t, addr, "fault", "--server", "zone1-0000000101", "--code", "UNAVAILABLE", "--error-rate", "0.5")
 	require.Zero(t, code)
 	require.Contains(t, out, "fault injected")
@@ -103,6 +119,7 @@ func TestCtlRejectsBadInputWithAClearMessage(t *testing.T) {
 		{"topology down for no time", []string{"fault", "--topology-down", "--for", "0s"}, 1, "InvalidArgument BAD_REQUEST: duration"},
 		{"unknown tablet", []string{"split", "--tablet", "t-9999"}, 1, "UNKNOWN_TABLET"},
 		{"unknown stream", []string{"digest", "--stream", "nope"}, 1, "UNKNOWN_STREAM"},
+		{"unknown table", []string{"rows", "--table", "nope"}, 1, "InvalidArgument BAD_REQUEST: table"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2310,6 +2310,157 @@ func (x *TailRequest) GetFrom() string {
 	return ""
 }
 
+type RowsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// table, if set, limits the answer to that table.
+	Table         string `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RowsRequest) Reset() {
+	*x = RowsRequest{}
+	mi := &file_source_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RowsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RowsRequest) ProtoMessage() {}
+
+func (x *RowsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_source_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RowsRequest.ProtoReflect.Descriptor instead.
+func (*RowsRequest) Descriptor() ([]byte, []int) {
+	return file_source_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RowsRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+type Row struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Table string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	// key and row are JSON objects in canonical form, as in Record.
+	Key           []byte `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Row           []byte `protobuf:"bytes,3,opt,name=row,proto3" json:"row,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Row) Reset() {
+	*x = Row{}
+	mi := &file_source_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Row) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Row) ProtoMessage() {}
+
+func (x *Row) ProtoReflect() protoreflect.Message {
+	mi := &file_source_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Row.ProtoReflect.Descriptor instead.
+func (*Row) Descriptor() ([]byte, []int) {
+	return file_source_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *Row) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *Row) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Row) GetRow() []byte {
+	if x != nil {
+		return x.Row
+	}
+	return nil
+}
+
+type RowsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// rows, ordered by table, then by key.
+	Rows          []*Row `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RowsResponse) Reset() {
+	*x = RowsResponse{}
+	mi := &file_source_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RowsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RowsResponse) ProtoMessage() {}
+
+func (x *RowsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_source_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RowsResponse.ProtoReflect.Descriptor instead.
+func (*RowsResponse) Descriptor() ([]byte, []int) {
+	return file_source_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *RowsResponse) GetRows() []*Row {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
 var File_source_proto protoreflect.FileDescriptor
 
 const file_source_proto_rawDesc = "" +
@@ -2471,7 +2622,15 @@ const file_source_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\".tabletflow.source.v1.TabletDigestR\x05value:\x028\x01\"9\n" +
 	"\vTailRequest\x12\x16\n" +
 	"\x06tablet\x18\x01 \x01(\tR\x06tablet\x12\x12\n" +
-	"\x04from\x18\x02 \x01(\tR\x04from*O\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\"#\n" +
+	"\vRowsRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\"?\n" +
+	"\x03Row\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\fR\x03key\x12\x10\n" +
+	"\x03row\x18\x03 \x01(\fR\x03row\"=\n" +
+	"\fRowsResponse\x12-\n" +
+	"\x04rows\x18\x01 \x03(\v2\x19.tabletflow.source.v1.RowR\x04rows*O\n" +
 	"\n" +
 	"TabletType\x12\x1b\n" +
 	"\x17TABLET_TYPE_UNSPECIFIED\x10\x00\x12\v\n" +
@@ -2519,14 +2678,15 @@ const file_source_proto_rawDesc = "" +
 	"\fTabletServer\x12_\n" +
 	"\n" +
 	"GetChanges\x12'.tabletflow.source.v1.GetChangesRequest\x1a(.tabletflow.source.v1.GetChangesResponse\x12J\n" +
-	"\x03Ack\x12 .tabletflow.source.v1.AckRequest\x1a!.tabletflow.source.v1.AckResponse2\xf5\x03\n" +
+	"\x03Ack\x12 .tabletflow.source.v1.AckRequest\x1a!.tabletflow.source.v1.AckResponse2\xc4\x04\n" +
 	"\x05Admin\x12Y\n" +
 	"\bWorkload\x12%.tabletflow.source.v1.WorkloadRequest\x1a&.tabletflow.source.v1.WorkloadResponse\x12P\n" +
 	"\x05Fault\x12\".tabletflow.source.v1.FaultRequest\x1a#.tabletflow.source.v1.FaultResponse\x12M\n" +
 	"\x04Heal\x12!.tabletflow.source.v1.HealRequest\x1a\".tabletflow.source.v1.HealResponse\x12P\n" +
 	"\x05Split\x12\".tabletflow.source.v1.SplitRequest\x1a#.tabletflow.source.v1.SplitResponse\x12S\n" +
 	"\x06Digest\x12#.tabletflow.source.v1.DigestRequest\x1a$.tabletflow.source.v1.DigestResponse\x12I\n" +
-	"\x04Tail\x12!.tabletflow.source.v1.TailRequest\x1a\x1c.tabletflow.source.v1.Record0\x01B:Z8github.com/tabletflow/tabletflow/proto/sourcepb;sourcepbb\x06proto3"
+	"\x04Tail\x12!.tabletflow.source.v1.TailRequest\x1a\x1c.tabletflow.source.v1.Record0\x01\x12M\n" +
+	"\x04Rows\x12!.tabletflow.source.v1.RowsRequest\x1a\".tabletflow.source.v1.RowsResponseB:Z8github.com/tabletflow/tabletflow/proto/sourcepb;sourcepbb\x06proto3"
 
 var (
 	file_source_proto_rawDescOnce sync.Once
@@ -2541,7 +2701,7 @@ func file_source_proto_rawDescGZIP() []byte {
 }
 
 var file_source_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_source_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_source_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_source_proto_goTypes = []any{
 	(TabletType)(0),               // 0: tabletflow.source.v1.TabletType
 	(TabletState)(0),              // 1: tabletflow.source.v1.TabletState
@@ -2579,66 +2739,72 @@ var file_source_proto_goTypes = []any{
 	(*TabletDigest)(nil),          // 33: tabletflow.source.v1.TabletDigest
 	(*DigestResponse)(nil),        // 34: tabletflow.source.v1.DigestResponse
 	(*TailRequest)(nil),           // 35: tabletflow.source.v1.TailRequest
-	nil,                           // 36: tabletflow.source.v1.DigestResponse.TabletsEntry
-	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
+	(*RowsRequest)(nil),           // 36: tabletflow.source.v1.RowsRequest
+	(*Row)(nil),                   // 37: tabletflow.source.v1.Row
+	(*RowsResponse)(nil),          // 38: tabletflow.source.v1.RowsResponse
+	nil,                           // 39: tabletflow.source.v1.DigestResponse.TabletsEntry
+	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
 }
 var file_source_proto_depIdxs = []int32{
 	4,  // 0: tabletflow.source.v1.ErrorInfo.reason:type_name -> tabletflow.source.v1.Reason
 	0,  // 1: tabletflow.source.v1.Replica.type:type_name -> tabletflow.source.v1.TabletType
-	37, // 2: tabletflow.source.v1.Replica.lag:type_name -> google.protobuf.Duration
+	40, // 2: tabletflow.source.v1.Replica.lag:type_name -> google.protobuf.Duration
 	7,  // 3: tabletflow.source.v1.Tablet.key_range:type_name -> tabletflow.source.v1.KeyRange
 	1,  // 4: tabletflow.source.v1.Tablet.state:type_name -> tabletflow.source.v1.TabletState
 	8,  // 5: tabletflow.source.v1.Tablet.replicas:type_name -> tabletflow.source.v1.Replica
 	9,  // 6: tabletflow.source.v1.ListTabletsResponse.tablets:type_name -> tabletflow.source.v1.Tablet
 	2,  // 7: tabletflow.source.v1.CreateStreamRequest.start_from:type_name -> tabletflow.source.v1.StartFrom
-	38, // 8: tabletflow.source.v1.StreamTablet.last_active:type_name -> google.protobuf.Timestamp
+	41, // 8: tabletflow.source.v1.StreamTablet.last_active:type_name -> google.protobuf.Timestamp
 	2,  // 9: tabletflow.source.v1.Stream.start_from:type_name -> tabletflow.source.v1.StartFrom
-	38, // 10: tabletflow.source.v1.Stream.created:type_name -> google.protobuf.Timestamp
-	37, // 11: tabletflow.source.v1.Stream.retention:type_name -> google.protobuf.Duration
+	41, // 10: tabletflow.source.v1.Stream.created:type_name -> google.protobuf.Timestamp
+	40, // 11: tabletflow.source.v1.Stream.retention:type_name -> google.protobuf.Duration
 	14, // 12: tabletflow.source.v1.Stream.tablets:type_name -> tabletflow.source.v1.StreamTablet
-	38, // 13: tabletflow.source.v1.Record.commit_time:type_name -> google.protobuf.Timestamp
+	41, // 13: tabletflow.source.v1.Record.commit_time:type_name -> google.protobuf.Timestamp
 	3,  // 14: tabletflow.source.v1.Record.op:type_name -> tabletflow.source.v1.Op
-	37, // 15: tabletflow.source.v1.GetChangesRequest.max_wait:type_name -> google.protobuf.Duration
+	40, // 15: tabletflow.source.v1.GetChangesRequest.max_wait:type_name -> google.protobuf.Duration
 	19, // 16: tabletflow.source.v1.GetChangesResponse.records:type_name -> tabletflow.source.v1.Record
-	37, // 17: tabletflow.source.v1.GetChangesResponse.replica_lag:type_name -> google.protobuf.Duration
+	40, // 17: tabletflow.source.v1.GetChangesResponse.replica_lag:type_name -> google.protobuf.Duration
 	5,  // 18: tabletflow.source.v1.WorkloadRequest.action:type_name -> tabletflow.source.v1.WorkloadRequest.Action
-	37, // 19: tabletflow.source.v1.FaultRequest.latency:type_name -> google.protobuf.Duration
-	37, // 20: tabletflow.source.v1.FaultRequest.lag:type_name -> google.protobuf.Duration
-	37, // 21: tabletflow.source.v1.FaultRequest.duration:type_name -> google.protobuf.Duration
-	36, // 22: tabletflow.source.v1.DigestResponse.tablets:type_name -> tabletflow.source.v1.DigestResponse.TabletsEntry
-	33, // 23: tabletflow.source.v1.DigestResponse.TabletsEntry.value:type_name -> tabletflow.source.v1.TabletDigest
-	10, // 24: tabletflow.source.v1.Topology.ListTablets:input_type -> tabletflow.source.v1.ListTabletsRequest
-	12, // 25: tabletflow.source.v1.Topology.GetTablet:input_type -> tabletflow.source.v1.GetTabletRequest
-	13, // 26: tabletflow.source.v1.Topology.CreateStream:input_type -> tabletflow.source.v1.CreateStreamRequest
-	16, // 27: tabletflow.source.v1.Topology.DescribeStream:input_type -> tabletflow.source.v1.DescribeStreamRequest
-	17, // 28: tabletflow.source.v1.Topology.DeleteStream:input_type -> tabletflow.source.v1.DeleteStreamRequest
-	20, // 29: tabletflow.source.v1.TabletServer.GetChanges:input_type -> tabletflow.source.v1.GetChangesRequest
-	22, // 30: tabletflow.source.v1.TabletServer.Ack:input_type -> tabletflow.source.v1.AckRequest
-	24, // 31: tabletflow.source.v1.Admin.Workload:input_type -> tabletflow.source.v1.WorkloadRequest
-	26, // 32: tabletflow.source.v1.Admin.Fault:input_type -> tabletflow.source.v1.FaultRequest
-	28, // 33: tabletflow.source.v1.Admin.Heal:input_type -> tabletflow.source.v1.HealRequest
-	30, // 34: tabletflow.source.v1.Admin.Split:input_type -> tabletflow.source.v1.SplitRequest
-	32, // 35: tabletflow.source.v1.Admin.Digest:input_type -> tabletflow.source.v1.DigestRequest
-	35, // 36: tabletflow.source.v1.Admin.Tail:input_type -> tabletflow.source.v1.TailRequest
-	11, // 37: tabletflow.source.v1.Topology.ListTablets:output_type -> tabletflow.source.v1.ListTabletsResponse
-	9,  // 38: tabletflow.source.v1.Topology.GetTablet:output_type -> tabletflow.source.v1.Tablet
-	15, // 39: tabletflow.source.v1.Topology.CreateStream:output_type -> tabletflow.source.v1.Stream
-	15, // 40: tabletflow.source.v1.Topology.DescribeStream:output_type -> tabletflow.source.v1.Stream
-	18, // 41: tabletflow.source.v1.Topology.DeleteStream:output_type -> tabletflow.source.v1.DeleteStreamResponse
-	21, // 42: tabletflow.source.v1.TabletServer.GetChanges:output_type -> tabletflow.source.v1.GetChangesResponse
-	23, // 43: tabletflow.source.v1.TabletServer.Ack:output_type -> tabletflow.source.v1.AckResponse
-	25, // 44: tabletflow.source.v1.Admin.Workload:output_type -> tabletflow.source.v1.WorkloadResponse
-	27, // 45: tabletflow.source.v1.Admin.Fault:output_type -> tabletflow.source.v1.FaultResponse
-	29, // 46: tabletflow.source.v1.Admin.Heal:output_type -> tabletflow.source.v1.HealResponse
-	31, // 47: tabletflow.source.v1.Admin.Split:output_type -> tabletflow.source.v1.SplitResponse
-	34, // 48: tabletflow.source.v1.Admin.Digest:output_type -> tabletflow.source.v1.DigestResponse
-	19, // 49: tabletflow.source.v1.Admin.Tail:output_type -> tabletflow.source.v1.Record
-	37, // [37:50] is the sub-list for method output_type
-	24, // [24:37] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	40, // 19: tabletflow.source.v1.FaultRequest.latency:type_name -> google.protobuf.Duration
+	40, // 20: tabletflow.source.v1.FaultRequest.lag:type_name -> google.protobuf.Duration
+	40, // 21: tabletflow.source.v1.FaultRequest.duration:type_name -> google.protobuf.Duration
+	39, // 22: tabletflow.source.v1.DigestResponse.tablets:type_name -> tabletflow.source.v1.DigestResponse.TabletsEntry
+	37, // 23: tabletflow.source.v1.RowsResponse.rows:type_name -> tabletflow.source.v1.Row
+	33, // 24: tabletflow.source.v1.DigestResponse.TabletsEntry.value:type_name -> tabletflow.source.v1.TabletDigest
+	10, // 25: tabletflow.source.v1.Topology.ListTablets:input_type -> tabletflow.source.v1.ListTabletsRequest
+	12, // 26: tabletflow.source.v1.Topology.GetTablet:input_type -> tabletflow.source.v1.GetTabletRequest
+	13, // 27: tabletflow.source.v1.Topology.CreateStream:input_type -> tabletflow.source.v1.CreateStreamRequest
+	16, // 28: tabletflow.source.v1.Topology.DescribeStream:input_type -> tabletflow.source.v1.DescribeStreamRequest
+	17, // 29: tabletflow.source.v1.Topology.DeleteStream:input_type -> tabletflow.source.v1.DeleteStreamRequest
+	20, // 30: tabletflow.source.v1.TabletServer.GetChanges:input_type -> tabletflow.source.v1.GetChangesRequest
+	22, // 31: tabletflow.source.v1.TabletServer.Ack:input_type -> tabletflow.source.v1.AckRequest
+	24, // 32: tabletflow.source.v1.Admin.Workload:input_type -> tabletflow.source.v1.WorkloadRequest
+	26, // 33: tabletflow.source.v1.Admin.Fault:input_type -> tabletflow.source.v1.FaultRequest
+	28, // 34: tabletflow.source.v1.Admin.Heal:input_type -> tabletflow.source.v1.HealRequest
+	30, // 35: tabletflow.source.v1.Admin.Split:input_type -> tabletflow.source.v1.SplitRequest
+	32, // 36: tabletflow.source.v1.Admin.Digest:input_type -> tabletflow.source.v1.DigestRequest
+	35, // 37: tabletflow.source.v1.Admin.Tail:input_type -> tabletflow.source.v1.TailRequest
+	36, // 38: tabletflow.source.v1.Admin.Rows:input_type -> tabletflow.source.v1.RowsRequest
+	11, // 39: tabletflow.source.v1.Topology.ListTablets:output_type -> tabletflow.source.v1.ListTabletsResponse
+	9,  // 40: tabletflow.source.v1.Topology.GetTablet:output_type -> tabletflow.source.v1.Tablet
+	15, // 41: tabletflow.source.v1.Topology.CreateStream:output_type -> tabletflow.source.v1.Stream
+	15, // 42: tabletflow.source.v1.Topology.DescribeStream:output_type -> tabletflow.source.v1.Stream
+	18, // 43: tabletflow.source.v1.Topology.DeleteStream:output_type -> tabletflow.source.v1.DeleteStreamResponse
+	21, // 44: tabletflow.source.v1.TabletServer.GetChanges:output_type -> tabletflow.source.v1.GetChangesResponse
+	23, // 45: tabletflow.source.v1.TabletServer.Ack:output_type -> tabletflow.source.v1.AckResponse
+	25, // 46: tabletflow.source.v1.Admin.Workload:output_type -> tabletflow.source.v1.WorkloadResponse
+	27, // 47: tabletflow.source.v1.Admin.Fault:output_type -> tabletflow.source.v1.FaultResponse
+	29, // 48: tabletflow.source.v1.Admin.Heal:output_type -> tabletflow.source.v1.HealResponse
+	31, // 49: tabletflow.source.v1.Admin.Split:output_type -> tabletflow.source.v1.SplitResponse
+	34, // 50: tabletflow.source.v1.Admin.Digest:output_type -> tabletflow.source.v1.DigestResponse
+	19, // 51: tabletflow.source.v1.Admin.Tail:output_type -> tabletflow.source.v1.Record
+	38, // 52: tabletflow.source.v1.Admin.Rows:output_type -> tabletflow.source.v1.RowsResponse
+	39, // [39:53] is the sub-list for method output_type
+	25, // [25:39] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_source_proto_init() }
@@ -2652,7 +2818,7 @@ func file_source_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_source_proto_rawDesc), len(file_source_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   31,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

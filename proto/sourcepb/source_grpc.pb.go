@@ -473,6 +473,7 @@ const (
 	Admin_Split_FullMethodName    = "/tabletflow.source.v1.Admin/Split"
 	Admin_Digest_FullMethodName   = "/tabletflow.source.v1.Admin/Digest"
 	Admin_Tail_FullMethodName     = "/tabletflow.source.v1.Admin/Tail"
+	Admin_Rows_FullMethodName     = "/tabletflow.source.v1.Admin/Rows"
 )
 
 // AdminClient is the client API for Admin service.
@@ -490,6 +491,10 @@ type AdminClient interface {
 	// Tail streams a tablet's log as it is written, from its leader, without
 	// a stream (it holds no history).
 	Tail(ctx context.Context, in *TailRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Record], error)
+	// Rows returns the workload's current rows: what a consumer applying
+	// every change since the first write (inserts, updates, deletes by key)
+	// holds. Stop the workload first for a final answer.
+	Rows(ctx context.Context, in *RowsRequest, opts ...grpc.CallOption) (*RowsResponse, error)
 }
 
 type adminClient struct {
@@ -569,6 +574,16 @@ func (c *adminClient) Tail(ctx context.Context, in *TailRequest, opts ...grpc.Ca
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Admin_TailClient = grpc.ServerStreamingClient[Record]
 
+func (c *adminClient) Rows(ctx context.Context, in *RowsRequest, opts ...grpc.CallOption) (*RowsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RowsResponse)
+	err := c.cc.Invoke(ctx, Admin_Rows_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -584,6 +599,10 @@ type AdminServer interface {
 	// Tail streams a tablet's log as it is written, from its leader, without
 	// a stream (it holds no history).
 	Tail(*TailRequest, grpc.ServerStreamingServer[Record]) error
+	// Rows returns the workload's current rows: what a consumer applying
+	// every change since the first write (inserts, updates, deletes by key)
+	// holds. Stop the workload first for a final answer.
+	Rows(context.Context, *RowsRequest) (*RowsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -611,6 +630,9 @@ func (UnimplementedAdminServer) Digest(context.Context, *DigestRequest) (*Digest
 }
 func (UnimplementedAdminServer) Tail(*TailRequest, grpc.ServerStreamingServer[Record]) error {
 	return status.Error(codes.Unimplemented, "method Tail not implemented")
+}
+func (UnimplementedAdminServer) Rows(context.Context, *RowsRequest) (*RowsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Rows not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -734,6 +756,24 @@ func _Admin_Tail_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Admin_TailServer = grpc.ServerStreamingServer[Record]
 
+func _Admin_Rows_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RowsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Rows(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Rows_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Rows(ctx, req.(*RowsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -760,6 +800,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Digest",
 			Handler:    _Admin_Digest_Handler,
+		},
+		{
+			MethodName: "Rows",
+			Handler:    _Admin_Rows_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -270,6 +270,14 @@ func (c *Cluster) Digest(streamID string) (map[string]digest.Digest, error) {
 	return out, nil
 }
 
+func (s *adminService) Rows(_ context.Context, req *sourcepb.RowsRequest) (*sourcepb.RowsResponse, error) {
+	rows, err := s.c.Rows(req.Table)
+	if err != nil {
+		return nil, err
+	}
+	return &sourcepb.RowsResponse{Rows: rows}, nil
+}
+
 func (s *adminService) Tail(req *sourcepb.TailRequest, out grpc.ServerStreamingServer[sourcepb.Record]) error {
 	c := s.c
 	c.mu.RLock()

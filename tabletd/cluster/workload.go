@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -249,6 +251,32 @@ func (w *workload) updated(table string, row map[string]any) map[string]any {
 
 func (w *workload) amount() string {
 	return fmt.Sprintf("%d.%02d", w.rng.IntN(1000), w.rng.IntN(100))
+}
+
+// Rows returns the workload's live rows, of one table or (table "") of
+// every table, ordered by table, then id. Rows appended with WriteTo are
+// not among them (they are not kept).
+func (c *Cluster) Rows(table string) ([]*sourcepb.Row, error) {
+	tables := tableNames
+	if table != "" {
+		if !slices.Contains(tableNames, table) {
+			return nil, errBadRequest("table", "%q is not a workload table (%s)", table, strings.Join(tableNames, ", "))
+		}
+		tables = []string{table}
+	}
+	w := c.workload
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*sourcepb.Row
+	for _, t := range tables {
+		rs := w.rows[t]
+		ids := slices.Clone(rs.ids)
+		slices.Sort(ids)
+		for _, id := range ids {
+			out = append(out, &sourcepb.Row{Table: t, Key: keyJSON(id), Row: mustJSON(rs.rows[id])})
+		}
+	}
+	return out, nil
 }
 
 func (rs *rowSet) add(id int64, row map[string]any) {
