@@ -313,16 +313,16 @@ func newRig(t *testing.T) *rig {
 	return r
 }
 
-// script makes the source hand out batches in turn and end the run (move
-// the clock past its end) with the last one; a further poll fails the test.
+// script makes the source hand out batches in turn; the poll after the
+// last one (the poller reads a batch ahead of the commits) ends the run —
+// it moves the clock past the run's end — and waits, as a long poll on a
+// quiet tablet would, until the activity stops it.
 func (r *rig) script(batches ...source.Batch) {
-	r.src.poll = func(_ context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+	r.src.poll = func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
 		if n >= len(batches) {
-			r.t.Errorf("unexpected poll %d from %s", n, req.From)
-			return source.Batch{}, errSourceDown
-		}
-		if n == len(batches)-1 {
 			r.clock.end()
+			<-ctx.Done()
+			return source.Batch{}, ctx.Err()
 		}
 		return batches[n], nil
 	}

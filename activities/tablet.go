@@ -212,65 +212,57 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	slots, _ := rd.(source.SlotReporter)
 	var slotRead time.Time
 	defer a.Watcher.Watch(in.Stream)()
+	// Registered after the reader's Close, so it runs before it: the poller
+	// gives the reader back (and sends the last ack) first.
+	pl := startPoller(ctx, rd, source.ChangesRequest{
+		Stream: in.Stream, Tablet: in.Tablet, From: res.Checkpoint,
+		MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(),
+	}, a.now, log, a.Metrics)
+	defer pl.stop()
 	deadline := a.now().Add(in.RunFor.D())
+	look := time.NewTicker(exclusionCheck)
+	defer look.Stop()
 	recovered := info.Attempt == 1
 	stop := activity.GetWorkerStopChannel(ctx)
-	for {
+	// why returns why the run must end now, or "".
+	why := func() string {
 		select {
 		case <-ctx.Done():
-			res.Stopped = "cancelled"
-			return res, nil
+			return "cancelled"
 		case <-stop:
-			res.Stopped = "worker stopping"
-			return res, nil
+			return "worker stopping"
 		default:
 		}
 		if !a.now().Before(deadline) {
-			res.Stopped = StoppedRunEnded
-			return res, nil
+			return StoppedRunEnded
 		}
 		if e, ok := a.Watcher.Excluded(in.Stream, in.Tablet, in.Replica.Alias, a.now()); ok {
-			res.Stopped = "replica excluded: " + e.Reason
 			a.Metrics.Excluded(in.Stream, in.Tablet, "operator")
 			log.Info("replica excluded by the operator; stopping to re-select", zap.String("reason", e.Reason))
-			return res, nil
+			return "replica excluded: " + e.Reason
 		}
-		began := a.now()
-		pollCtx, cancel := context.WithTimeout(ctx, in.Batch.MaxWait.D()+commitTimeout)
-		batch, err := rd.GetChanges(pollCtx, source.ChangesRequest{
-			Stream: in.Stream, Tablet: in.Tablet, From: res.Checkpoint,
-			MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(),
-		})
-		cancel()
+		return ""
+	}
+	// committed takes a commit group into the sink and the run's progress.
+	committed := func(group []polled) error {
+		began := group[0].began
+		last := group[len(group)-1].batch
+		n, err := a.commit(ctx, w, group)
 		if err != nil {
-			if ctx.Err() != nil { // cancelled or stopping during the long poll: nothing was read
-				continue
-			}
-			c := src.Classify(err)
-			log.Warn("get changes failed", zap.Error(err), zap.String("action", c.Action.String()))
-			switch c.Action {
-			case source.RetrySame:
-				a.Metrics.Retry(in.Stream, in.Tablet, c.Reason, headroom())
-				return fail(err)
-			case source.RetryElsewhere:
-				a.Metrics.Excluded(in.Stream, in.Tablet, "automatic")
-			}
-			return res, typed(c, err, in.Replica.Alias, res.Checkpoint)
-		}
-		if err := a.commit(ctx, w, rd, in, batch); err != nil {
 			c := classifySink(err)
 			log.Warn("sink failed", zap.Error(err), zap.String("type", c.Type), zap.String("reason", c.Reason))
-			return res, sinkError(err, in.Replica.Alias, res.Checkpoint)
+			return sinkError(err, in.Replica.Alias, res.Checkpoint)
 		}
-		if batch.Checkpoint.Compare(res.Checkpoint) > 0 {
-			res.Checkpoint = batch.Checkpoint
+		if last.Checkpoint.Compare(res.Checkpoint) > 0 {
+			res.Checkpoint = last.Checkpoint
+			pl.ack(res.Checkpoint)
 		}
-		res.Records += int64(len(batch.Records))
+		res.Records += int64(n)
 		res.Batches++
-		res.CaughtUp = batch.CaughtUp
+		res.CaughtUp = last.CaughtUp
 		res.LagSeconds = 0
-		if !batch.CaughtUp && len(batch.Records) > 0 {
-			res.LagSeconds = a.now().Sub(batch.Records[len(batch.Records)-1].CommitTime).Seconds()
+		if !last.CaughtUp && len(last.Records) > 0 {
+			res.LagSeconds = a.now().Sub(last.Records[len(last.Records)-1].CommitTime).Seconds()
 		}
 		lastSuccess = a.now()
 		if slots != nil && lastSuccess.Sub(slotRead) >= slotEvery {
@@ -282,38 +274,151 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			}
 			cancel()
 		}
-		a.Metrics.Batch(in.Stream, in.Tablet, len(batch.Records), lastSuccess.Sub(began), res.LagSeconds, headroom())
+		a.Metrics.Batch(in.Stream, in.Tablet, n, lastSuccess.Sub(began), res.LagSeconds, headroom())
+		if oldest := oldestCommitTime(group); !oldest.IsZero() {
+			a.Metrics.Committed(in.Stream, lastSuccess.Sub(oldest))
+		}
 		beat.set(progress(""))
 		if !recovered {
 			recovered = true
 			a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: in.Replica.Alias})
 		}
-		log.Debug("batch committed", zap.Int("records", len(batch.Records)),
+		log.Debug("batch committed", zap.Int("records", n), zap.Int("polls", len(group)),
 			zap.Stringer("checkpoint", res.Checkpoint), zap.Duration("took", a.now().Sub(began)))
+		return nil
+	}
+	for {
+		// Wait for a poll, looking out for the end of the run meanwhile.
+		var first polled
+		for waiting := true; waiting; {
+			if res.Stopped = why(); res.Stopped != "" {
+				// A batch already read (the poller reads one ahead) is
+				// committed rather than read again by the next run.
+				select {
+				case p := <-pl.out:
+					if p.err == nil {
+						if err := committed([]polled{p}); err != nil {
+							return res, err
+						}
+					}
+				default:
+				}
+				return res, nil
+			}
+			select {
+			case first = <-pl.out:
+				waiting = false
+			case <-ctx.Done():
+			case <-stop:
+			case <-look.C:
+			}
+		}
+		group, failed := a.gather(ctx, pl, first, in.Batch, stop)
+		if len(group) > 0 {
+			if err := committed(group); err != nil {
+				return res, err
+			}
+		}
+		if failed == nil {
+			continue
+		}
+		// A poll failed; what was read before it is committed.
+		err := failed.err
+		if ctx.Err() != nil { // cancelled or stopping during the long poll: nothing was read
+			continue
+		}
+		c := src.Classify(err)
+		log.Warn("get changes failed", zap.Error(err), zap.String("action", c.Action.String()))
+		switch c.Action {
+		case source.RetrySame:
+			a.Metrics.Retry(in.Stream, in.Tablet, c.Reason, headroom())
+			return fail(err)
+		case source.RetryElsewhere:
+			a.Metrics.Excluded(in.Stream, in.Tablet, "automatic")
+		}
+		return res, typed(c, err, in.Replica.Alias, res.Checkpoint)
 	}
 }
 
-// commit writes a batch to the sink and makes it durable, then acks it to
-// the source: sink durable → checkpoint acknowledged. Both run on a
-// context that cancellation does not cut.
-func (a *Activities) commit(ctx context.Context, w sink.TabletWriter, rd source.ReplicaReader, in GetChangesInput, b source.Batch) error {
-	if b.Checkpoint.Compare(w.Checkpoint()) <= 0 {
-		return nil // nothing new (an empty poll)
+// oldestCommitTime is the source commit time of a group's first record
+// (zero: no records).
+func oldestCommitTime(group []polled) time.Time {
+	for _, p := range group {
+		if len(p.batch.Records) > 0 {
+			return p.batch.Records[0].CommitTime
+		}
+	}
+	return time.Time{}
+}
+
+// exclusionCheck is how often a GetChanges waiting for a poll looks at the
+// watcher's copy of the exclude list (a map lookup; the list itself is
+// read from the stream once per Watcher.Interval).
+const exclusionCheck = 100 * time.Millisecond
+
+// gather makes a commit group from a poll: a batch of records smaller than
+// batch.maxRecords waits up to batch.linger from its poll's return for the
+// polls that follow, until the group holds maxRecords; a full batch, an
+// empty poll (it may only move the checkpoint) or no linger commits at
+// once. It returns the successful polls in order, and the failed poll
+// that ended the group, if any.
+func (a *Activities) gather(ctx context.Context, pl *poller, first polled, b config.Batch, stop <-chan struct{}) ([]polled, *polled) {
+	if first.err != nil {
+		return nil, &first
+	}
+	group := []polled{first}
+	n := len(first.batch.Records)
+	linger := b.LingerD()
+	if n == 0 || n >= b.MaxRecords || linger <= 0 {
+		return group, nil
+	}
+	wait := time.NewTimer(linger - time.Since(first.at))
+	defer wait.Stop()
+	for n < b.MaxRecords {
+		select {
+		case p := <-pl.out:
+			if p.err != nil {
+				return group, &p
+			}
+			group = append(group, p)
+			n += len(p.batch.Records)
+		case <-wait.C:
+			return group, nil
+		case <-ctx.Done():
+			return group, nil
+		case <-stop:
+			return group, nil
+		}
+	}
+	return group, nil
+}
+
+// commit writes a group of polled batches to the sink and makes them
+// durable in one commit at the last one's checkpoint, on a context that
+// cancellation does not cut; it returns the number of records. The
+// poller acknowledges the checkpoint to the source afterwards: sink
+// durable → checkpoint acknowledged.
+func (a *Activities) commit(ctx context.Context, w sink.TabletWriter, group []polled) (int, error) {
+	last := group[len(group)-1].batch.Checkpoint
+	if last.Compare(w.Checkpoint()) <= 0 {
+		return 0, nil // nothing new (empty polls)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
-	if err := w.Write(cctx, b.Records); err != nil {
-		return fmt.Errorf("sink write: %w", err)
+	n := 0
+	for _, p := range group {
+		if len(p.batch.Records) == 0 {
+			continue
+		}
+		if err := w.Write(cctx, p.batch.Records); err != nil {
+			return 0, fmt.Errorf("sink write: %w", err)
+		}
+		n += len(p.batch.Records)
 	}
-	if err := w.Commit(cctx, b.Checkpoint); err != nil {
-		return fmt.Errorf("sink commit at %s: %w", b.Checkpoint, err)
+	if err := w.Commit(cctx, last); err != nil {
+		return 0, fmt.Errorf("sink commit at %s: %w", last, err)
 	}
-	// The ack only advances the source's retention barrier; a failed one is
-	// repeated by the next batch's.
-	if err := rd.Ack(cctx, in.Stream, in.Tablet, b.Checkpoint); err != nil {
-		a.logger().Warn("ack failed", zap.String("tablet", in.Tablet), zap.Error(err))
-	}
-	return nil
+	return n, nil
 }
 
 // signal tells the tablet's own workflow about progress; best effort.

@@ -115,6 +115,19 @@ func ptr[T any](v T) *T { return &v }
 type Batch struct {
 	MaxRecords int      `json:"maxRecords,omitempty"`
 	MaxWait    Duration `json:"maxWait,omitempty"`
+	// Linger is the group commit's wait: records that arrive as a poll
+	// smaller than MaxRecords wait up to this long for more before they
+	// are committed together. Absent: DefaultLinger; 0s: commit every poll.
+	Linger *Duration `json:"linger,omitempty"`
+}
+
+// LingerD is Linger as a duration (absent: 0, as for a stream started
+// before the group commit existed).
+func (b Batch) LingerD() time.Duration {
+	if b.Linger == nil {
+		return 0
+	}
+	return b.Linger.D()
 }
 
 // Run bounds one GetChanges activity.
@@ -143,7 +156,11 @@ var (
 	DefaultMaxLag          = 30 * time.Second
 	DefaultRetry           = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5)}
 	DefaultAutoExcludeTTL  = 5 * time.Minute
-	DefaultBatch           = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond)}
+	DefaultBatch           = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(DefaultLinger))}
+	// DefaultLinger: long enough that a tablet streaming a few hundred
+	// records a second commits a few times a second instead of once per
+	// record, short enough to keep the commit-to-sink lag well under 1 s.
+	DefaultLinger = 200 * time.Millisecond
 	DefaultRun             = Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
 	DefaultReportRate      = 100.0
@@ -269,6 +286,9 @@ func (s *Stream) Defaults() {
 	}
 	if s.Batch.MaxWait == 0 {
 		s.Batch.MaxWait = DefaultBatch.MaxWait
+	}
+	if s.Batch.Linger == nil {
+		s.Batch.Linger = ptr(Duration(DefaultLinger))
 	}
 	if s.Run.Duration == 0 {
 		s.Run.Duration = DefaultRun.Duration
@@ -494,6 +514,8 @@ func (t Tunables) Validate() error {
 		return fieldErr("batch.maxRecords", "%d not in [1, %d]", t.Batch.MaxRecords, MaxBatchRecords)
 	case t.Batch.MaxWait < 0 || t.Batch.MaxWait.D() > MaxBatchWait:
 		return fieldErr("batch.maxWait", "%v not in [0, %v]", t.Batch.MaxWait, MaxBatchWait)
+	case t.Batch.LingerD() < 0 || t.Batch.LingerD() > MaxBatchWait:
+		return fieldErr("batch.linger", "%v not in [0, %v]", t.Batch.LingerD(), MaxBatchWait)
 	case t.Run.Duration.D() < time.Second:
 		return fieldErr("run.duration", "%v: must be at least 1s", t.Run.Duration)
 	case t.Run.HeartbeatTimeout.D() < time.Second:
@@ -505,6 +527,8 @@ func (t Tunables) Validate() error {
 		// A run checks its time between polls: with a long-poll as long as
 		// the run, every run would be a single poll, taking twice as long.
 		return fieldErr("batch.maxWait", "%v: must be shorter than run.duration (%v)", t.Batch.MaxWait, t.Run.Duration)
+	case t.Batch.LingerD() >= t.Run.Duration.D():
+		return fieldErr("batch.linger", "%v: must be shorter than run.duration (%v)", t.Batch.LingerD(), t.Run.Duration)
 	case t.Run.HeartbeatTimeout.D() < 2*t.Batch.MaxWait.D():
 		// Kept although GetChanges now heartbeats during a long poll:
 		// workers from before that still heartbeat only between batches,

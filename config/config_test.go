@@ -55,7 +55,7 @@ func TestDecodeAcceptsTheDesignExample(t *testing.T) {
 			MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5),
 		},
 		AutoExcludeTTL:  Duration(5 * time.Minute),
-		Batch:           Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond)},
+		Batch:           Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(200 * time.Millisecond))},
 		Run:             Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)},
 		TopologyRefresh: Duration(time.Minute),
 		ReportRate:      100,
@@ -233,6 +233,12 @@ func TestDecodeRejectsBadConfigsNamingTheField(t *testing.T) {
 		{name: "maxWait over limit", in: minimal(`"batch": {"maxWait": "61s"}, "run": {"heartbeatTimeout": "5m"}`), wantPrefix: "batch.maxWait:"},
 		// A negative long-poll.
 		{name: "negative maxWait", in: minimal(`"batch": {"maxWait": "-1ms"}`), wantPrefix: "batch.maxWait:"},
+		// A negative group-commit linger, one over the limit, one as long as the run.
+		{name: "negative linger", in: minimal(`"batch": {"linger": "-1ms"}`), wantPrefix: "batch.linger:"},
+		{name: "linger over limit", in: minimal(`"batch": {"linger": "61s"}, "run": {"duration": "5m"}`), wantPrefix: "batch.linger: 1m1s not in"},
+		{name: "linger as long as run.duration", in: minimal(`"batch": {"linger": "5s"}, "run": {"duration": "5s", "heartbeatTimeout": "10s"}`),
+			wantPrefix: "batch.linger: 5s: must be shorter than run.duration"},
+		{name: "linger not a duration", in: minimal(`"batch": {"linger": 200}`), wantPrefix: "batch.linger: 200: want a duration string"},
 		// A run shorter than a second.
 		{name: "run shorter than 1s", in: minimal(`"run": {"duration": "500ms"}`), wantPrefix: "run.duration:"},
 		// A heartbeat timeout shorter than a second.
@@ -597,4 +603,17 @@ func TestExclusionValidate(t *testing.T) {
 			require.EqualError(t, err, tt.wantErr)
 		})
 	}
+}
+
+// batch.linger "0s" is kept (the group commit off: every poll commits), not
+// taken for an absent field and defaulted; absent, it is DefaultLinger.
+func TestLingerZeroTurnsTheGroupCommitOffAbsentIsTheDefault(t *testing.T) {
+	off, err := Decode([]byte(minimal(`"batch": {"linger": "0s"}`)))
+	require.NoError(t, err)
+	require.NotNil(t, off.Batch.Linger)
+	require.Zero(t, off.Batch.LingerD())
+	def, err := Decode([]byte(minimal(``)))
+	require.NoError(t, err)
+	require.Equal(t, DefaultLinger, def.Batch.LingerD())
+	require.Zero(t, Batch{}.LingerD(), "a stream from before the group commit commits every poll")
 }

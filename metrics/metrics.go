@@ -26,6 +26,8 @@ type Metrics struct {
 	Exclusions *prometheus.CounterVec
 	Selections *prometheus.CounterVec
 	Latency    *prometheus.HistogramVec
+	CommitLag  *prometheus.HistogramVec
+	Acks       *prometheus.CounterVec
 }
 
 // New registers tabletflow's metrics with reg.
@@ -36,7 +38,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Records: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_records_written_total",
 			Help: "Records written to the sink and committed."}, st)).(*prometheus.CounterVec),
 		Batches: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_batches_written_total",
-			Help: "Batches read from the source (committed when not empty)."}, st)).(*prometheus.CounterVec),
+			Help: "Sink commits (with the group commit one may hold several reads; a read that only moves the checkpoint counts too)."}, st)).(*prometheus.CounterVec),
 		Lag: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tabletflow_lag_seconds",
 			Help: "0 when the tablet's last poll was caught up, else now minus the commit time of the newest record written."}, st)).(*prometheus.GaugeVec),
 		Headroom: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tabletflow_retention_headroom_seconds",
@@ -52,8 +54,13 @@ func New(reg prometheus.Registerer) *Metrics {
 		Selections: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_selections_total",
 			Help: "Replicas picked by the tablet picker, by cell."}, []string{"stream", "cell"})).(*prometheus.CounterVec),
 		Latency: f(prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tabletflow_getchanges_seconds",
-			Help:    "Latency of one GetChanges call to the source (including its long-poll wait).",
+			Help:    "From sending the first read of a sink commit to the commit: the long-poll wait, the group commit's linger and the commit included.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"stream"})).(*prometheus.HistogramVec),
+		CommitLag: f(prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tabletflow_commit_lag_seconds",
+			Help:    "Per sink commit holding records: when it became durable less the source commit time of its oldest record (the commit's worst record).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 1.5, 20)}, []string{"stream"})).(*prometheus.HistogramVec),
+		Acks: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_acks_total",
+			Help: "Checkpoint acknowledgements sent to the source."}, []string{"stream"})).(*prometheus.CounterVec),
 	}
 }
 
@@ -79,6 +86,21 @@ func (m *Metrics) Batch(stream, tablet string, records int, took time.Duration, 
 	m.Latency.WithLabelValues(stream).Observe(took.Seconds())
 	if headroom > 0 {
 		m.Headroom.WithLabelValues(stream, tablet).Set(headroom.Seconds())
+	}
+}
+
+// Committed records a commit's lag: from the source commit time of its
+// oldest record to now.
+func (m *Metrics) Committed(stream string, lag time.Duration) {
+	if m != nil {
+		m.CommitLag.WithLabelValues(stream).Observe(lag.Seconds())
+	}
+}
+
+// Acked records an acknowledgement sent to the source.
+func (m *Metrics) Acked(stream string) {
+	if m != nil {
+		m.Acks.WithLabelValues(stream).Inc()
 	}
 }
 

@@ -1,0 +1,119 @@
+package activities
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tabletflow/tabletflow/metrics"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// poller reads a replica one batch ahead of the commits: while GetChanges
+// commits a batch, the next one is already being read. It owns the reader
+// until stop returns — a PostgreSQL reader holds one connection and is not
+// safe for concurrent use — so acknowledgements are handed to it (ack)
+// and sent between two polls, the latest one only.
+type poller struct {
+	out    chan polled // at most one batch waits here while the next is read
+	cancel context.CancelFunc
+	done   chan struct{}
+	rd     source.ReplicaReader
+	req    source.ChangesRequest
+	log    *zap.Logger
+	m      *metrics.Metrics
+
+	mu      sync.Mutex
+	pending source.Checkpoint // to acknowledge at the next chance
+	acked   source.Checkpoint // acknowledged
+}
+
+// polled is one poll's outcome.
+type polled struct {
+	batch source.Batch
+	err   error
+	began time.Time // when the poll was sent (the activity's clock)
+	at    time.Time // when it returned (the real clock: the linger counts from it)
+}
+
+// startPoller starts reading rd from req.From. The polls run on a child
+// of ctx, each bounded by req.MaxWait plus pollSlack.
+func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, now func() time.Time, log *zap.Logger, m *metrics.Metrics) *poller {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &poller{out: make(chan polled, 1), cancel: cancel, done: make(chan struct{}), rd: rd, req: req, log: log, m: m,
+		acked: req.From}
+	go p.loop(ctx, now)
+	return p
+}
+
+// pollSlack is how much longer than its MaxWait a poll may take.
+const pollSlack = commitTimeout
+
+func (p *poller) loop(ctx context.Context, now func() time.Time) {
+	defer close(p.done)
+	req := p.req
+	for {
+		p.sendAck(ctx)
+		began := now()
+		pctx, cancel := context.WithTimeout(ctx, req.MaxWait+pollSlack)
+		b, err := p.rd.GetChanges(pctx, req)
+		cancel()
+		if ctx.Err() != nil { // stopped: what was read is not delivered
+			return
+		}
+		select {
+		case p.out <- polled{batch: b, err: err, began: began, at: time.Now()}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+		if b.Checkpoint.Compare(req.From) > 0 {
+			req.From = b.Checkpoint
+		}
+	}
+}
+
+// ack asks for cp (committed to the sink) to be acknowledged to the source
+// before the next poll.
+func (p *poller) ack(cp source.Checkpoint) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cp.Compare(p.pending) > 0 {
+		p.pending = cp
+	}
+}
+
+// sendAck acknowledges the pending checkpoint, if it is new. The ack only
+// advances the source's retention barrier; a failed one is repeated with
+// the next.
+func (p *poller) sendAck(ctx context.Context) {
+	p.mu.Lock()
+	cp := p.pending
+	due := cp.Compare(p.acked) > 0
+	p.mu.Unlock()
+	if !due {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err := p.rd.Ack(actx, p.req.Stream, p.req.Tablet, cp); err != nil {
+		p.log.Warn("ack failed", zap.String("tablet", p.req.Tablet), zap.Error(err))
+		return
+	}
+	p.m.Acked(p.req.Stream)
+	p.mu.Lock()
+	p.acked = cp
+	p.mu.Unlock()
+}
+
+// stop ends the polls, waits for the goroutine, then sends the last ack
+// still pending: the reader is the caller's again.
+func (p *poller) stop() {
+	p.cancel()
+	<-p.done
+	p.sendAck(context.Background())
+}
