@@ -17,6 +17,7 @@ import (
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/bench/internal/history"
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
+	"github.com/tabletflow/tabletflow/bench/internal/promscrape"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -31,6 +32,10 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_RATE, rate); err != nil {
 		return err
 	}
+	m0, err := promscrape.Get(b.metrics)
+	if err != nil {
+		return err
+	}
 	cpu0 := b.cpu()
 	from := time.Now()
 	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_RESUME, 0); err != nil {
@@ -42,6 +47,11 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 	}
 	to := time.Now()
 	res.CPUMeasure = b.cpu().Minus(cpu0)
+	m1, err := promscrape.Get(b.metrics)
+	if err != nil {
+		return err
+	}
+	res.Live = commitStats(m0, m1, res.CPUMeasure["worker"])
 	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_PAUSE, 0); err != nil {
 		return err
 	}
@@ -234,4 +244,45 @@ func spreadOf(ds []time.Duration) spread {
 	ds = slices.Sorted(slices.Values(ds))
 	r := func(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
 	return spread{N: len(ds), Min: r(ds[0]), Median: r(ds[len(ds)/2]), Max: r(ds[len(ds)-1])}
+}
+
+// commits is what the worker's metrics say of a window: records, sink
+// commits, acknowledgements, fsyncs (the JSONL sink's per commit), the
+// commit lag's p99, and the worker's CPU per 1000 records.
+type commits struct {
+	Seconds          float64 `json:"seconds"`
+	Records          float64 `json:"records"`
+	CommitsPerS      float64 `json:"commits_per_s"`
+	AcksPerS         float64 `json:"acks_per_s"`
+	FsyncsPerS       float64 `json:"fsyncs_per_s"`
+	RecordsPerCommit float64 `json:"records_per_commit"`
+	// CommitLagP99S: the upper bound of the histogram bucket holding the
+	// 99th percentile of tabletflow_commit_lag_seconds (per commit: durable
+	// in the sink less the source commit time of its oldest record).
+	CommitLagP99S  float64 `json:"commit_lag_p99_s"`
+	WorkerCPUS     float64 `json:"worker_cpu_s"`
+	WorkerCPUPer1k float64 `json:"worker_cpu_s_per_1k_records"`
+}
+
+func commitStats(before, after promscrape.Scrape, workerCPU float64) commits {
+	c := commits{Seconds: after.At.Sub(before.At).Seconds(), WorkerCPUS: workerCPU,
+		Records: promscrape.Delta(before, after, "tabletflow_records_written_total")}
+	n := promscrape.Delta(before, after, "tabletflow_batches_written_total")
+	c.CommitsPerS = n / c.Seconds
+	c.AcksPerS = promscrape.Delta(before, after, "tabletflow_acks_total") / c.Seconds
+	c.FsyncsPerS = fsyncsPerCommit * c.CommitsPerS
+	if n > 0 {
+		c.RecordsPerCommit = c.Records / n
+	}
+	c.CommitLagP99S, _ = promscrape.Quantile(before, after, "tabletflow_commit_lag_seconds", 0.99)
+	switch { // JSON has no NaN or Inf
+	case math.IsNaN(c.CommitLagP99S): // no commit with records
+		c.CommitLagP99S = -1
+	case math.IsInf(c.CommitLagP99S, 1): // past the last bucket (~11 s)
+		c.CommitLagP99S = 999
+	}
+	if c.Records > 0 {
+		c.WorkerCPUPer1k = workerCPU / c.Records * 1000
+	}
+	return c
 }

@@ -56,6 +56,7 @@ import (
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
+	"github.com/tabletflow/tabletflow/bench/internal/promscrape"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
@@ -74,7 +75,13 @@ const (
 	flowID     = "flow" // the StreamWorkflow's ID, hence its source-side stream
 	holdStream = "hold" // never read: holds the history for both readers
 	goalRatio  = 0.9
-	batchSize  = 1000
+	// goalLiveCPU and goalLagP99S: issue 11's group-commit goals.
+	goalLiveCPU = 3.0
+	goalLagP99S = 1.0
+	// fsyncsPerCommit: the JSONL sink's commit syncs the data file, the
+	// manifest's temporary file and the directory.
+	fsyncsPerCommit = 3
+	batchSize       = 1000
 )
 
 type result struct {
@@ -122,13 +129,22 @@ type result struct {
 	// CPU seconds each process (and the whole host: busy, iowait) used
 	// during the raw loop, the tabletflow run and the history measurement:
 	// is it CPU-bound, and where does the CPU go. "bench" is this program.
-	CPUMeasure           map[string]float64 `json:"cpu_seconds_history_window"`
-	CPURaw               map[string]float64 `json:"cpu_seconds_raw"`
-	CPUTabletflow        map[string]float64 `json:"cpu_seconds_tabletflow"`
-	WorkerPeakRSSMiB     float64            `json:"worker_peak_rss_mib"`
-	WorkerRSSMiB         float64            `json:"worker_rss_mib"`
-	HostLoadAvg1mAtStart float64            `json:"host_load_avg_1m_at_start"`
-	Command              string             `json:"command"`
+	CPUMeasure    map[string]float64 `json:"cpu_seconds_history_window"`
+	CPURaw        map[string]float64 `json:"cpu_seconds_raw"`
+	CPUTabletflow map[string]float64 `json:"cpu_seconds_tabletflow"`
+	// The group commit (issue 11): the worker's CPU per 1000 records and
+	// its commits, acknowledgements and fsyncs, in the bulk run and live at
+	// MeasureRate (the history window); the goal is live ≤ 3 × bulk CPU per
+	// record with the commit-to-sink lag p99 ≤ 1 s.
+	Bulk                 commits `json:"bulk"`
+	Live                 commits `json:"live"`
+	LiveCPUPer1kOverBulk float64 `json:"live_cpu_per_1k_over_bulk"`
+	MeetsLiveGoal        bool    `json:"meets_live_goal"`
+
+	WorkerPeakRSSMiB     float64 `json:"worker_peak_rss_mib"`
+	WorkerRSSMiB         float64 `json:"worker_rss_mib"`
+	HostLoadAvg1mAtStart float64 `json:"host_load_avg_1m_at_start"`
+	Command              string  `json:"command"`
 }
 
 func main() {
@@ -222,12 +238,21 @@ func run() error {
 		return err
 	}
 	flowDir := filepath.Join(dir, "flow")
+	m0, err := promscrape.Get(b.metrics)
+	if err != nil {
+		return err
+	}
 	cpu0 = b.cpu()
 	fl, err := b.flow(ctx, flowDir, total)
 	res.CPUTabletflow = b.cpu().Minus(cpu0)
 	if err != nil {
 		return fmt.Errorf("tabletflow: %w", err)
 	}
+	m1, err := promscrape.Get(b.metrics)
+	if err != nil {
+		return err
+	}
+	res.Bulk = commitStats(m0, m1, res.CPUTabletflow["worker"])
 	res.TabletflowSeconds = fl.wall.Seconds()
 	res.TabletflowRecordsPerS = float64(total) / fl.wall.Seconds()
 	res.TabletflowFirstAckS = fl.firstAck.Seconds()
@@ -252,6 +277,11 @@ func run() error {
 	if err := b.historyCost(ctx, *measure, *measureRate, &res); err != nil {
 		return fmt.Errorf("history cost: %w", err)
 	}
+	res.LiveCPUPer1kOverBulk = res.Live.WorkerCPUPer1k / res.Bulk.WorkerCPUPer1k
+	res.MeetsLiveGoal = res.LiveCPUPer1kOverBulk <= goalLiveCPU && res.Live.CommitLagP99S >= 0 && res.Live.CommitLagP99S <= goalLagP99S
+	logf("worker CPU per 1000 records: bulk %.4fs, live %.4fs (%.2f×, goal ≤ %v×); live commit lag p99 ≤ %.3fs (goal ≤ %vs); live commits %.1f/s, acks %.1f/s, fsyncs %.1f/s",
+		res.Bulk.WorkerCPUPer1k, res.Live.WorkerCPUPer1k, res.LiveCPUPer1kOverBulk, goalLiveCPU,
+		res.Live.CommitLagP99S, goalLagP99S, res.Live.CommitsPerS, res.Live.AcksPerS, res.Live.FsyncsPerS)
 	if err := b.verify(ctx, flowID, flowDir, 0); err != nil {
 		return fmt.Errorf("after the history measurement: %w", err)
 	}
@@ -279,6 +309,7 @@ type bench struct {
 	topo         sourcepb.TopologyClient
 	src          *tabletd.Client
 	worker       *procs.Proc
+	metrics      string    // the worker's /metrics URL
 	flowStart    time.Time // when the StreamWorkflow was started
 }
 
@@ -347,7 +378,10 @@ func (b *bench) startTabletd(ctx context.Context, tablets int) error {
 // it polls both the workflow and the activity task queue, so its start-up
 // is not timed.
 func (b *bench) startWorker(ctx context.Context) error {
-	p, err := b.procs.Start("worker", "--address", b.temporalAddr, "--task-queue", taskQueue, "--log-level", "warn")
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+	b.metrics = "http://" + metricsAddr + "/metrics"
+	p, err := b.procs.Start("worker", "--address", b.temporalAddr, "--task-queue", taskQueue, "--log-level", "warn",
+		"--metrics-addr", metricsAddr)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,49 @@
+package promscrape
+
+import (
+	"math"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/require"
+)
+
+// The quantile is of the window between two scrapes, merged over labels,
+// and rounds up to its bucket's bound.
+func TestQuantileOfAWindowMergesLabelsAndRoundsUpToTheBucket(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "lag_seconds", Buckets: []float64{0.1, 0.5, 1, 2}}, []string{"stream"})
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "acks_total"}, []string{"stream"})
+	reg.MustRegister(h, c)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+
+	for range 50 { // before the window: slow, must not count
+		h.WithLabelValues("a").Observe(1.5)
+	}
+	before, err := Get(srv.URL)
+	require.NoError(t, err)
+	for i := range 100 {
+		stream := []string{"a", "b"}[i%2]
+		v := 0.05
+		if i >= 98 { // the slowest 2 %
+			v = 0.7
+		}
+		h.WithLabelValues(stream).Observe(v)
+		c.WithLabelValues(stream).Inc()
+	}
+	after, err := Get(srv.URL)
+	require.NoError(t, err)
+
+	p98, n := Quantile(before, after, "lag_seconds", 0.98)
+	require.Equal(t, uint64(100), n)
+	require.Equal(t, 0.1, p98)
+	p99, _ := Quantile(before, after, "lag_seconds", 0.99)
+	require.Equal(t, 1.0, p99, "0.7 is in the bucket up to 1")
+	require.Equal(t, 100.0, Delta(before, after, "acks_total"))
+	none, n := Quantile(after, after, "lag_seconds", 0.99)
+	require.True(t, math.IsNaN(none))
+	require.Zero(t, n)
+}
