@@ -150,17 +150,17 @@ type Exclusion struct {
 
 // Defaults for every optional field.
 var (
-	DefaultStartFrom       = "earliest"
-	DefaultCellPreference  = "preferLocal"
-	DefaultTabletTypes     = []string{"REPLICA", "RDONLY", "PRIMARY"}
-	DefaultMaxLag          = 30 * time.Second
-	DefaultRetry           = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5)}
-	DefaultAutoExcludeTTL  = 5 * time.Minute
-	DefaultBatch           = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(DefaultLinger))}
+	DefaultStartFrom      = "earliest"
+	DefaultCellPreference = "preferLocal"
+	DefaultTabletTypes    = []string{"REPLICA", "RDONLY", "PRIMARY"}
+	DefaultMaxLag         = 30 * time.Second
+	DefaultRetry          = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5)}
+	DefaultAutoExcludeTTL = 5 * time.Minute
+	DefaultBatch          = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(DefaultLinger))}
 	// DefaultLinger: long enough that a tablet streaming a few hundred
 	// records a second commits a few times a second instead of once per
 	// record, short enough to keep the commit-to-sink lag well under 1 s.
-	DefaultLinger = 200 * time.Millisecond
+	DefaultLinger          = 200 * time.Millisecond
 	DefaultRun             = Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
 	DefaultReportRate      = 100.0
