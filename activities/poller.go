@@ -24,10 +24,12 @@ type poller struct {
 	req    source.ChangesRequest
 	log    *zap.Logger
 	m      *metrics.Metrics
+	linger time.Duration
 
 	mu      sync.Mutex
 	pending source.Checkpoint // to acknowledge at the next chance
 	acked   source.Checkpoint // acknowledged
+	ackedAt time.Time         // when (the real clock)
 }
 
 // polled is one poll's outcome.
@@ -35,15 +37,20 @@ type polled struct {
 	batch source.Batch
 	err   error
 	began time.Time // when the poll was sent (the activity's clock)
-	at    time.Time // when it returned (the real clock: the linger counts from it)
 }
 
 // startPoller starts reading rd from req.From. The polls run on a child
-// of ctx, each bounded by req.MaxWait plus pollSlack.
-func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, now func() time.Time, log *zap.Logger, m *metrics.Metrics) *poller {
+// of ctx, each bounded by req.MaxWait plus pollSlack. After a read that
+// brought records but fewer than req.MaxRecords (the tablet is caught up
+// and records trickle in), the next read waits until linger has passed
+// since that one returned, so that it brings what arrived meanwhile in one
+// batch — the group commit — instead of a record or two per read, each
+// then costing a commit, an acknowledgement and a heartbeat.
+func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, linger time.Duration,
+	now func() time.Time, log *zap.Logger, m *metrics.Metrics) *poller {
 	ctx, cancel := context.WithCancel(ctx)
 	p := &poller{out: make(chan polled, 1), cancel: cancel, done: make(chan struct{}), rd: rd, req: req, log: log, m: m,
-		acked: req.From}
+		linger: linger, acked: req.From}
 	go p.loop(ctx, now)
 	return p
 }
@@ -55,7 +62,7 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 	defer close(p.done)
 	req := p.req
 	for {
-		p.sendAck(ctx)
+		p.sendAck(ctx, false)
 		began := now()
 		pctx, cancel := context.WithTimeout(ctx, req.MaxWait+pollSlack)
 		b, err := p.rd.GetChanges(pctx, req)
@@ -64,7 +71,7 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 			return
 		}
 		select {
-		case p.out <- polled{batch: b, err: err, began: began, at: time.Now()}:
+		case p.out <- polled{batch: b, err: err, began: began}:
 		case <-ctx.Done():
 			return
 		}
@@ -74,11 +81,20 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 		if b.Checkpoint.Compare(req.From) > 0 {
 			req.From = b.Checkpoint
 		}
+		if n := len(b.Records); n > 0 && n < req.MaxRecords && p.linger > 0 {
+			t := time.NewTimer(p.linger)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
 	}
 }
 
 // ack asks for cp (committed to the sink) to be acknowledged to the source
-// before the next poll.
+// before a later poll.
 func (p *poller) ack(cp source.Checkpoint) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -87,13 +103,19 @@ func (p *poller) ack(cp source.Checkpoint) {
 	}
 }
 
-// sendAck acknowledges the pending checkpoint, if it is new. The ack only
-// advances the source's retention barrier; a failed one is repeated with
-// the next.
-func (p *poller) sendAck(ctx context.Context) {
+// ackEvery: the poller acknowledges at most this often (and once more
+// when it stops). An acknowledgement only moves the source's retention
+// barrier, which is minutes or hours away; one per commit was a tenth of
+// a live worker's CPU.
+const ackEvery = time.Second
+
+// sendAck acknowledges the pending checkpoint, if it is new and ackEvery
+// has passed since the last one (always, with force). A failed one is
+// repeated with the next.
+func (p *poller) sendAck(ctx context.Context, force bool) {
 	p.mu.Lock()
 	cp := p.pending
-	due := cp.Compare(p.acked) > 0
+	due := cp.Compare(p.acked) > 0 && (force || time.Since(p.ackedAt) >= ackEvery)
 	p.mu.Unlock()
 	if !due {
 		return
@@ -106,7 +128,7 @@ func (p *poller) sendAck(ctx context.Context) {
 	}
 	p.m.Acked(p.req.Stream)
 	p.mu.Lock()
-	p.acked = cp
+	p.acked, p.ackedAt = cp, time.Now()
 	p.mu.Unlock()
 }
 
@@ -115,5 +137,5 @@ func (p *poller) sendAck(ctx context.Context) {
 func (p *poller) stop() {
 	p.cancel()
 	<-p.done
-	p.sendAck(context.Background())
+	p.sendAck(context.Background(), true)
 }

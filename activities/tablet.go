@@ -39,6 +39,8 @@ type Activities struct {
 	Metrics *metrics.Metrics
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// RecheckEvery: see recheckEvery (0: 1s).
+	RecheckEvery time.Duration
 }
 
 func (a *Activities) now() time.Time {
@@ -217,11 +219,13 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	pl := startPoller(ctx, rd, source.ChangesRequest{
 		Stream: in.Stream, Tablet: in.Tablet, From: res.Checkpoint,
 		MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(),
-	}, a.now, log, a.Metrics)
+	}, in.Batch.LingerD(), a.now, log, a.Metrics)
 	defer pl.stop()
 	deadline := a.now().Add(in.RunFor.D())
-	look := time.NewTicker(exclusionCheck)
-	defer look.Stop()
+	runEnds := time.NewTimer(in.RunFor.D())
+	defer runEnds.Stop()
+	recheck := time.NewTicker(a.recheckEvery())
+	defer recheck.Stop()
 	recovered := info.Attempt == 1
 	stop := activity.GetWorkerStopChannel(ctx)
 	// why returns why the run must end now, or "".
@@ -310,10 +314,12 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 				waiting = false
 			case <-ctx.Done():
 			case <-stop:
-			case <-look.C:
+			case <-runEnds.C:
+			case <-a.Watcher.Changed(in.Stream):
+			case <-recheck.C:
 			}
 		}
-		group, failed := a.gather(ctx, pl, first, in.Batch, stop)
+		group, failed := gather(pl, first, in.Batch)
 		if len(group) > 0 {
 			if err := committed(group); err != nil {
 				return res, err
@@ -351,30 +357,28 @@ func oldestCommitTime(group []polled) time.Time {
 	return time.Time{}
 }
 
-// exclusionCheck is how often a GetChanges waiting for a poll looks at the
-// watcher's copy of the exclude list (a map lookup; the list itself is
-// read from the stream once per Watcher.Interval).
-const exclusionCheck = 100 * time.Millisecond
+// recheckEvery is how often a GetChanges waiting for a read looks again
+// whether its run must end, besides being woken by the end of its run, a
+// change of the exclude list, cancellation or the worker stopping (a
+// safety net; tests with a fake clock set it short).
+func (a *Activities) recheckEvery() time.Duration {
+	if a.RecheckEvery > 0 {
+		return a.RecheckEvery
+	}
+	return time.Second
+}
 
-// gather makes a commit group from a poll: a batch of records smaller than
-// batch.maxRecords waits up to batch.linger from its poll's return for the
-// polls that follow, until the group holds maxRecords; a full batch, an
-// empty poll (it may only move the checkpoint) or no linger commits at
-// once. It returns the successful polls in order, and the failed poll
-// that ended the group, if any.
-func (a *Activities) gather(ctx context.Context, pl *poller, first polled, b config.Batch, stop <-chan struct{}) ([]polled, *polled) {
+// gather makes a commit group from a poll and the polls already read
+// after it (the poller reads ahead), up to batch.maxRecords records; it
+// does not wait for more (the poller's linger paces a trickle of records
+// into fuller reads). It returns the successful polls in order, and the
+// failed poll that ended the group, if any.
+func gather(pl *poller, first polled, b config.Batch) ([]polled, *polled) {
 	if first.err != nil {
 		return nil, &first
 	}
 	group := []polled{first}
-	n := len(first.batch.Records)
-	linger := b.LingerD()
-	if n == 0 || n >= b.MaxRecords || linger <= 0 {
-		return group, nil
-	}
-	wait := time.NewTimer(linger - time.Since(first.at))
-	defer wait.Stop()
-	for n < b.MaxRecords {
+	for n := len(first.batch.Records); n > 0 && n < b.MaxRecords; {
 		select {
 		case p := <-pl.out:
 			if p.err != nil {
@@ -382,11 +386,7 @@ func (a *Activities) gather(ctx context.Context, pl *poller, first polled, b con
 			}
 			group = append(group, p)
 			n += len(p.batch.Records)
-		case <-wait.C:
-			return group, nil
-		case <-ctx.Done():
-			return group, nil
-		case <-stop:
+		default:
 			return group, nil
 		}
 	}

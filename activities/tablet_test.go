@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	commonpb "go.temporal.io/api/common/v1"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/interceptor"
@@ -468,63 +470,179 @@ func TestGetChangesHeartbeatsThroughSlowStartupPollsAndCommits(t *testing.T) {
 	}
 }
 
-// The group commit: polls smaller than batch.maxRecords wait up to
-// batch.linger for the polls that follow and are committed together.
-func TestGetChangesGroupCommitsSmallPolls(t *testing.T) {
+// The group commit: after a read that brought records but fewer than
+// batch.maxRecords, the next read waits batch.linger, so it brings what
+// arrived meanwhile at once; a full read is followed at once.
+func TestGetChangesLingersAfterASmallReadOnly(t *testing.T) {
 	withLinger := func(maxRecords int, linger time.Duration) GetChangesInput {
 		in := input()
 		d := config.Duration(linger)
 		in.Batch.MaxRecords, in.Batch.Linger = maxRecords, &d
 		return in
 	}
-	commits := func(log []string) []string {
-		var out []string
-		for _, e := range log {
-			if strings.HasPrefix(e, "commit ") {
-				out = append(out, e)
+	// timed records when each poll is sent (the real clock), then serves
+	// batches like script.
+	timed := func(r *rig, batches ...source.Batch) *[]time.Time {
+		var mu sync.Mutex
+		var at []time.Time
+		r.src.poll = func(ctx context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+			mu.Lock()
+			at = append(at, time.Now())
+			mu.Unlock()
+			if n >= len(batches) {
+				r.clock.end()
+				<-ctx.Done()
+				return source.Batch{}, ctx.Err()
 			}
+			return batches[n], nil
 		}
-		return out
+		return &at
 	}
-	t.Run("until the linger runs out", func(t *testing.T) {
+	t.Run("a small read: the next one waits the linger", func(t *testing.T) {
 		r := newRig(t)
-		r.script(batch(1, 1), batch(2, 2), batch(3, 3))
+		at := timed(r, batch(1, 1), batch(2, 3))
 		res, err := r.run(r.activityEnv(context.Background()), withLinger(100, 300*time.Millisecond))
 		require.NoError(t, err)
-		require.Equal(t, []string{"commit 1.3"}, commits(r.log.list()), "three polls, one commit")
-		require.Equal(t, [2]int64{3, 1}, [2]int64{res.Records, res.Batches})
+		require.GreaterOrEqual(t, len(*at), 2)
+		require.GreaterOrEqual(t, (*at)[1].Sub((*at)[0]), 300*time.Millisecond)
+		require.Equal(t, cp(3), res.Checkpoint)
 		require.Len(t, r.mem.records(testTablet), 3)
 	})
-	t.Run("until the group holds maxRecords", func(t *testing.T) {
+	t.Run("a full read: the next one at once", func(t *testing.T) {
 		r := newRig(t)
-		r.script(batch(1, 2), batch(3, 4))
-		// A linger of an hour: the test ends only if the full group
-		// commits at once.
-		res, err := r.run(r.activityEnv(context.Background()), withLinger(4, time.Hour))
-		require.NoError(t, err)
-		require.Equal(t, []string{"commit 1.4"}, commits(r.log.list()))
-		require.Equal(t, cp(4), res.Checkpoint)
-	})
-	t.Run("until a poll fails", func(t *testing.T) {
-		r := newRig(t)
-		r.src.poll = func(_ context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
-			if n == 0 {
-				return batch(1, 1), nil
-			}
-			return source.Batch{}, errSourceDown
+		timed(r, batch(1, 2), batch(3, 4))
+		done := make(chan error, 1)
+		go func() {
+			// A linger of an hour: the run ends only if full reads do not wait.
+			_, err := r.run(r.activityEnv(context.Background()), withLinger(2, time.Hour))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("a full read was followed by the linger")
 		}
-		_, err := r.run(r.activityEnv(context.Background()), withLinger(100, time.Hour))
-		var appErr *temporal.ApplicationError
-		require.ErrorAs(t, err, &appErr)
-		require.False(t, appErr.NonRetryable(), "the source's error, retried on the same replica")
-		require.Equal(t, []string{"commit 1.1"}, commits(r.log.list()), "what was read before the failed poll is committed")
+		require.Equal(t, cp(4), r.mem.checkpoint(testTablet))
+	})
+	t.Run("an empty read: the next one at once", func(t *testing.T) {
+		r := newRig(t)
+		timed(r, source.Batch{Checkpoint: cp(0), CaughtUp: true}, batch(1, 1))
+		done := make(chan error, 1)
+		go func() {
+			// The read after the empty one is full (1 of 1): it does not
+			// linger either, and the run can end.
+			_, err := r.run(r.activityEnv(context.Background()), withLinger(1, time.Hour))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("an empty read (a long poll that found nothing) was followed by the linger")
+		}
 		require.Equal(t, cp(1), r.mem.checkpoint(testTablet))
 	})
-	t.Run("no linger: every poll commits", func(t *testing.T) {
-		r := newRig(t)
-		r.script(batch(1, 1), batch(2, 2))
-		_, err := r.run(r.activityEnv(context.Background()), withLinger(100, 0))
-		require.NoError(t, err)
-		require.Equal(t, []string{"commit 1.1", "commit 1.2"}, commits(r.log.list()))
-	})
+}
+
+// gather groups the reads already waiting, up to maxRecords, without
+// waiting for more; a failed read ends the group.
+func TestGatherGroupsTheReadsAlreadyRead(t *testing.T) {
+	b := config.Batch{MaxRecords: 5}
+	read := func(from, to uint64) polled { return polled{batch: batch(from, to)} }
+	waiting := func(ps ...polled) *poller {
+		pl := &poller{out: make(chan polled, len(ps)+1)}
+		for _, p := range ps {
+			pl.out <- p
+		}
+		return pl
+	}
+	group, failed := gather(waiting(read(3, 4), read(5, 9)), read(1, 2), b)
+	require.Nil(t, failed)
+	require.Len(t, group, 3, "2 + 2 records, under 5: the next read joins; then 9 ≥ 5")
+
+	group, failed = gather(waiting(), read(1, 2), b)
+	require.Nil(t, failed)
+	require.Len(t, group, 1, "nothing waiting: no wait")
+
+	group, failed = gather(waiting(read(1, 5)), read(1, 5), b)
+	require.Nil(t, failed)
+	require.Len(t, group, 1, "a full read commits alone")
+
+	bad := polled{err: errSourceDown}
+	group, failed = gather(waiting(bad), read(1, 2), b)
+	require.Len(t, group, 1)
+	require.Equal(t, &bad, failed)
+
+	group, failed = gather(waiting(), bad, b)
+	require.Empty(t, group)
+	require.Equal(t, &bad, failed)
+}
+
+// fakeStream answers the exclusion watcher's query with a list a test sets.
+type fakeStream struct {
+	mu   sync.Mutex
+	list config.ExcludeList
+}
+
+func (f *fakeStream) SignalWorkflow(context.Context, string, string, string, any) error { return nil }
+
+func (f *fakeStream) QueryWorkflow(context.Context, string, string, string, ...any) (converter.EncodedValue, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, err := converter.GetDefaultDataConverter().ToPayloads(f.list)
+	if err != nil {
+		return nil, err
+	}
+	return encodedList{p}, nil
+}
+
+func (f *fakeStream) set(list config.ExcludeList) {
+	f.mu.Lock()
+	f.list = list
+	f.mu.Unlock()
+}
+
+type encodedList struct{ p *commonpb.Payloads }
+
+func (e encodedList) HasValue() bool { return true }
+func (e encodedList) Get(v any) error {
+	return converter.GetDefaultDataConverter().FromPayloads(e.p, v)
+}
+
+// A GetChanges waiting on a quiet long poll leaves its replica as soon as
+// the watcher reads an exclusion of it, not at a periodic check (set to an
+// hour here) or the end of its run.
+func TestGetChangesWaitingForAReadStopsWhenItsReplicaIsExcluded(t *testing.T) {
+	r := newRig(t)
+	stream := &fakeStream{}
+	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+	r.a.RecheckEvery = time.Hour
+	r.src.poll = func(ctx context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+		if n == 0 {
+			return batch(1, 3), nil
+		}
+		<-ctx.Done() // a quiet tablet
+		return source.Batch{}, ctx.Err()
+	}
+	type outcome struct {
+		res GetChangesResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := r.run(r.activityEnv(context.Background()), input())
+		done <- outcome{res, err}
+	}()
+	require.Eventually(t, func() bool { return r.mem.checkpoint(testTablet) == cp(3) }, 10*time.Second, 5*time.Millisecond)
+	stream.set(config.ExcludeList{{Alias: "zone9-other", Reason: "not this one"}})
+	stream.set(config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}})
+	select {
+	case o := <-done:
+		require.NoError(t, o.err)
+		require.Equal(t, "replica excluded: maintenance", o.res.Stopped)
+		require.Equal(t, cp(3), o.res.Checkpoint)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the exclusion did not wake the waiting GetChanges")
+	}
 }

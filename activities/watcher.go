@@ -29,7 +29,8 @@ type Watcher struct {
 type watched struct {
 	refs    int
 	list    config.ExcludeList
-	read    time.Time // when list was last read
+	read    time.Time     // when list was last read
+	changed chan struct{} // closed (and replaced) when a read finds list changed
 	stop    context.CancelFunc
 	stopped chan struct{}
 }
@@ -48,7 +49,7 @@ func (w *Watcher) Watch(stream string) (release func()) {
 	s := w.streams[stream]
 	if s == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		s = &watched{stop: cancel, stopped: make(chan struct{})}
+		s = &watched{stop: cancel, stopped: make(chan struct{}), changed: make(chan struct{})}
 		w.streams[stream] = s
 		go w.poll(ctx, stream, s)
 	}
@@ -76,6 +77,21 @@ func (w *Watcher) Excluded(stream, tablet, alias string, now time.Time) (config.
 		return config.Exclusion{}, false
 	}
 	return s.list.Excludes(alias, tablet, now)
+}
+
+// Changed returns a channel closed when the stream's list, as read, next
+// changes (nil, which never fires, when the stream is not watched here):
+// a GetChanges waiting for a read wakes to check Excluded at once.
+func (w *Watcher) Changed(stream string) <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s := w.streams[stream]; s != nil {
+		return s.changed
+	}
+	return nil
 }
 
 func (w *Watcher) interval() time.Duration {
@@ -118,6 +134,10 @@ func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
 		cancel()
 		if err == nil {
 			w.mu.Lock()
+			if !slices.Equal(s.list, list) {
+				close(s.changed)
+				s.changed = make(chan struct{})
+			}
 			s.list, s.read = list, time.Now()
 			w.mu.Unlock()
 		} else if ctx.Err() == nil && w.Logger != nil {

@@ -160,7 +160,7 @@ var (
 	// DefaultLinger: long enough that a tablet streaming a few hundred
 	// records a second commits a few times a second instead of once per
 	// record, short enough to keep the commit-to-sink lag well under 1 s.
-	DefaultLinger          = 200 * time.Millisecond
+	DefaultLinger          = 500 * time.Millisecond
 	DefaultRun             = Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
 	DefaultReportRate      = 100.0
