@@ -314,6 +314,28 @@ func newRig(t *testing.T) *rig {
 	return r
 }
 
+// runWithin runs GetChanges like run, failing the test with why if it
+// does not return within 30 s.
+func (r *rig) runWithin(t *testing.T, in GetChangesInput, why string) (GetChangesResult, error) {
+	t.Helper()
+	type outcome struct {
+		res GetChangesResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := r.run(r.activityEnv(context.Background()), in)
+		done <- outcome{res, err}
+	}()
+	select {
+	case o := <-done:
+		return o.res, o.err
+	case <-time.After(30 * time.Second):
+		t.Fatal(why)
+		return GetChangesResult{}, nil
+	}
+}
+
 // script makes the source hand out batches in turn; the poll after the
 // last one (the poller reads a batch ahead of the commits) ends the run —
 // it moves the clock past the run's end — and waits, as a long poll on a

@@ -511,36 +511,18 @@ func TestGetChangesLingersAfterASmallReadOnly(t *testing.T) {
 	t.Run("a full read: the next one at once", func(t *testing.T) {
 		r := newRig(t)
 		timed(r, batch(1, 2), batch(3, 4))
-		done := make(chan error, 1)
-		go func() {
-			// A linger of an hour: the run ends only if full reads do not wait.
-			_, err := r.run(r.activityEnv(context.Background()), withLinger(2, time.Hour))
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("a full read was followed by the linger")
-		}
+		// A linger of an hour: the run ends only if full reads do not wait.
+		_, err := r.runWithin(t, withLinger(2, time.Hour), "a full read was followed by the linger")
+		require.NoError(t, err)
 		require.Equal(t, cp(4), r.mem.checkpoint(testTablet))
 	})
 	t.Run("an empty read: the next one at once", func(t *testing.T) {
 		r := newRig(t)
 		timed(r, source.Batch{Checkpoint: cp(0), CaughtUp: true}, batch(1, 1))
-		done := make(chan error, 1)
-		go func() {
-			// The read after the empty one is full (1 of 1): it does not
-			// linger either, and the run can end.
-			_, err := r.run(r.activityEnv(context.Background()), withLinger(1, time.Hour))
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("an empty read (a long poll that found nothing) was followed by the linger")
-		}
+		// The read after the empty one is full (1 of 1): it does not
+		// linger either, and the run can end.
+		_, err := r.runWithin(t, withLinger(1, time.Hour), "an empty read (a long poll that found nothing) was followed by the linger")
+		require.NoError(t, err)
 		require.Equal(t, cp(1), r.mem.checkpoint(testTablet))
 	})
 }
@@ -625,24 +607,15 @@ func TestGetChangesWaitingForAReadStopsWhenItsReplicaIsExcluded(t *testing.T) {
 		<-ctx.Done() // a quiet tablet
 		return source.Batch{}, ctx.Err()
 	}
-	type outcome struct {
-		res GetChangesResult
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := r.run(r.activityEnv(context.Background()), input())
-		done <- outcome{res, err}
+	go func() { // after the first commit (runWithin fails the test if it never comes)
+		for r.mem.checkpoint(testTablet) != cp(3) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		stream.set(config.ExcludeList{{Alias: "zone9-other", Reason: "not this one"}})
+		stream.set(config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}})
 	}()
-	require.Eventually(t, func() bool { return r.mem.checkpoint(testTablet) == cp(3) }, 10*time.Second, 5*time.Millisecond)
-	stream.set(config.ExcludeList{{Alias: "zone9-other", Reason: "not this one"}})
-	stream.set(config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}})
-	select {
-	case o := <-done:
-		require.NoError(t, o.err)
-		require.Equal(t, "replica excluded: maintenance", o.res.Stopped)
-		require.Equal(t, cp(3), o.res.Checkpoint)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the exclusion did not wake the waiting GetChanges")
-	}
+	res, err := r.runWithin(t, input(), "the exclusion did not wake the waiting GetChanges")
+	require.NoError(t, err)
+	require.Equal(t, "replica excluded: maintenance", res.Stopped)
+	require.Equal(t, cp(3), res.Checkpoint)
 }

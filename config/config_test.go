@@ -55,7 +55,7 @@ func TestDecodeAcceptsTheDesignExample(t *testing.T) {
 			MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5),
 		},
 		AutoExcludeTTL:  Duration(5 * time.Minute),
-		Batch:           Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(200 * time.Millisecond))},
+		Batch:           Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(DefaultLinger))},
 		Run:             Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)},
 		TopologyRefresh: Duration(time.Minute),
 		ReportRate:      100,

@@ -129,6 +129,18 @@ func (c *consumer) drain(ctx context.Context, rd source.ReplicaReader, tablet st
 	}
 }
 
+// drainAll drains every tablet of the cluster into c, each from its
+// first replica, from the start.
+func (tc *testCluster) drainAll(t *testing.T, c *consumer) {
+	t.Helper()
+	tablets, err := tc.client.ListTablets(ctx(t))
+	require.NoError(t, err)
+	for _, tab := range tablets {
+		_, err := c.drain(ctx(t), tc.reader(t, tab.Replicas[0]), tab.ID, source.Checkpoint{})
+		require.NoError(t, err)
+	}
+}
+
 func hashOf(r source.Record) uint64 {
 	return digest.Hash(digest.Fields{
 		Tablet: r.Tablet, Position: r.Position.String(), Table: r.Table, Op: string(r.Op),

@@ -31,12 +31,7 @@ func TestGetChangesReturnsEveryRecordInOrderAndTheDigestMatches(t *testing.T) {
 	tc.Write(500) // written after the stream began: due too
 
 	c := newConsumer("s1")
-	tablets, err := tc.client.ListTablets(ctx(t))
-	require.NoError(t, err)
-	for _, tab := range tablets {
-		_, err := c.drain(ctx(t), tc.reader(t, tab.Replicas[0]), tab.ID, source.Checkpoint{})
-		require.NoError(t, err)
-	}
+	tc.drainAll(t, c)
 	require.Zero(t, c.dups)
 	require.Len(t, c.records, 2500)
 
@@ -298,12 +293,7 @@ func TestRowsAreWhatApplyingEveryChangeHolds(t *testing.T) {
 	tc.Write(9000) // beyond the live-rows target: deletes and updates of old rows too
 
 	c := newConsumer("s1")
-	tablets, err := tc.client.ListTablets(ctx(t))
-	require.NoError(t, err)
-	for _, tab := range tablets {
-		_, err := c.drain(ctx(t), tc.reader(t, tab.Replicas[0]), tab.ID, source.Checkpoint{})
-		require.NoError(t, err)
-	}
+	tc.drainAll(t, c)
 	applied := map[string]string{} // table/key → row
 	deletes := 0
 	for _, r := range c.records {
