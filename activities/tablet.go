@@ -117,9 +117,12 @@ type Progress struct {
 const commitTimeout = 30 * time.Second
 
 // GetChanges reads a tablet from one replica and writes it to the sink, in
-// a loop: long-polled batch → sink write → durable commit → ack to the
-// source → heartbeat. It returns after in.RunFor, on cancellation or when
-// the worker stops, always at a batch boundary after a commit. On a retry
+// a loop: long-polled batch → sink write → durable commit → heartbeat, the
+// poller reading the next batch meanwhile (and pacing small reads by
+// in.Batch.Linger: the group commit) and acknowledging committed
+// checkpoints to the source between its reads. It returns after in.RunFor,
+// on cancellation, when the worker stops or when the operator excludes its
+// replica, always at a batch boundary after a commit. On a retry
 // it resumes from the later of the heartbeat, the sink's stored checkpoint
 // and in.Checkpoint; a sink that is behind a checkpoint committed to it
 // (lost data) is SinkFailed, except a sink that holds nothing yet for a
