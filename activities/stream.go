@@ -171,15 +171,15 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 }
 
 // operatorExclusions returns the stream's operator exclude list: this
-// worker's watcher's copy if it is at most two polls old, else a query.
+// worker's watcher's copy if it is at most two polls old, else the
+// watcher's next query (shared by the tablets asking meanwhile); without
+// a watcher, a query of its own.
 func (a *Activities) operatorExclusions(ctx context.Context, stream string) (config.ExcludeList, error) {
 	if a.Client == nil || stream == "" {
 		return nil, nil
 	}
-	if a.Watcher != nil {
-		if list, ok := a.Watcher.Fresh(stream, 2*a.Watcher.interval(), a.now()); ok {
-			return list, nil
-		}
+	if a.Watcher != nil && a.Watcher.Client != nil {
+		return a.Watcher.Exclusions(ctx, stream, 2*a.Watcher.interval())
 	}
 	v, err := a.Client.QueryWorkflow(ctx, stream, "", QueryExclusions)
 	if err != nil {

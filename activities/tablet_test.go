@@ -2,6 +2,7 @@ package activities
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -561,17 +562,22 @@ func TestGatherGroupsTheReadsAlreadyRead(t *testing.T) {
 	require.Equal(t, &bad, failed)
 }
 
-// fakeStream answers the exclusion watcher's query with a list a test sets.
+// fakeStream answers the exclusion watcher's query with a list a test
+// sets, after delay, and counts the queries.
 type fakeStream struct {
-	mu   sync.Mutex
-	list config.ExcludeList
+	mu      sync.Mutex
+	list    config.ExcludeList
+	delay   time.Duration
+	queries int
 }
 
 func (f *fakeStream) SignalWorkflow(context.Context, string, string, string, any) error { return nil }
 
 func (f *fakeStream) QueryWorkflow(context.Context, string, string, string, ...any) (converter.EncodedValue, error) {
+	time.Sleep(f.delay) // a busy stream workflow answers slowly
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.queries++
 	p, err := converter.GetDefaultDataConverter().ToPayloads(f.list)
 	if err != nil {
 		return nil, err
@@ -618,4 +624,31 @@ func TestGetChangesWaitingForAReadStopsWhenItsReplicaIsExcluded(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "replica excluded: maintenance", res.Stopped)
 	require.Equal(t, cp(3), res.Checkpoint)
+}
+
+// Tablets picking replicas at once, with no fresh copy of the exclude
+// list on the worker, share one query of the stream instead of sending
+// one each.
+func TestExclusionsAskedAtOnceShareOneQuery(t *testing.T) {
+	stream := &fakeStream{list: config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}}, delay: time.Second}
+	w := &Watcher{Client: stream, Interval: time.Hour}
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Go(func() {
+			list, err := w.Exclusions(context.Background(), testStream, time.Minute)
+			if err == nil && (len(list) != 1 || list[0].Alias != testAlias) {
+				err = fmt.Errorf("got %v", list)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	stream.mu.Lock()
+	defer stream.mu.Unlock()
+	require.Equal(t, 1, stream.queries)
 }

@@ -2,6 +2,7 @@ package activities
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -31,6 +32,8 @@ type watched struct {
 	list    config.ExcludeList
 	read    time.Time     // when list was last read
 	changed chan struct{} // closed (and replaced) when a read finds list changed
+	tried   chan struct{} // closed (and replaced) after each query, answered or not
+	lastErr error         // the last query's error (nil: answered)
 	stop    context.CancelFunc
 	stopped chan struct{}
 }
@@ -49,7 +52,7 @@ func (w *Watcher) Watch(stream string) (release func()) {
 	s := w.streams[stream]
 	if s == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		s = &watched{stop: cancel, stopped: make(chan struct{}), changed: make(chan struct{})}
+		s = &watched{stop: cancel, stopped: make(chan struct{}), changed: make(chan struct{}), tried: make(chan struct{})}
 		w.streams[stream] = s
 		go w.poll(ctx, stream, s)
 	}
@@ -119,6 +122,40 @@ func (w *Watcher) Fresh(stream string, maxAge time.Duration, now time.Time) (con
 	return slices.Clone(s.list), true
 }
 
+// Exclusions returns the stream's operator exclude list as read within
+// maxAge; without such a copy it watches the stream (one query, shared by
+// every caller waiting meanwhile) until a query answers or fails. When a
+// stream's tablets all pick a replica at once (a resume, a worker start),
+// they wait for one query instead of sending one each, which would pile
+// up on the stream workflow (and time the pickers out).
+func (w *Watcher) Exclusions(ctx context.Context, stream string, maxAge time.Duration) (config.ExcludeList, error) {
+	if list, ok := w.Fresh(stream, maxAge, time.Now()); ok {
+		return list, nil
+	}
+	release := w.Watch(stream)
+	defer release()
+	for {
+		w.mu.Lock()
+		s := w.streams[stream]
+		tried := s.tried
+		w.mu.Unlock()
+		select {
+		case <-tried:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("query the stream's exclude list: %w", ctx.Err())
+		}
+		w.mu.Lock()
+		list, read, err := slices.Clone(s.list), s.read, s.lastErr
+		w.mu.Unlock()
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("query the stream's exclude list: %w", err)
+		case time.Since(read) <= maxAge:
+			return list, nil
+		}
+	}
+}
+
 func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
 	defer close(s.stopped)
 	interval := w.interval()
@@ -132,15 +169,19 @@ func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
 			err = v.Get(&list)
 		}
 		cancel()
+		w.mu.Lock()
 		if err == nil {
-			w.mu.Lock()
 			if !slices.Equal(s.list, list) {
 				close(s.changed)
 				s.changed = make(chan struct{})
 			}
 			s.list, s.read = list, time.Now()
-			w.mu.Unlock()
-		} else if ctx.Err() == nil && w.Logger != nil {
+		}
+		s.lastErr = err
+		close(s.tried)
+		s.tried = make(chan struct{})
+		w.mu.Unlock()
+		if err != nil && ctx.Err() == nil && w.Logger != nil {
 			w.Logger.Debug("exclusion watcher: query failed", zap.String("stream", stream), zap.Error(err))
 		}
 		select {
