@@ -43,7 +43,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -167,7 +166,7 @@ func run() error {
 	}()
 
 	res := result{Date: time.Now().UTC().Format(time.RFC3339), BatchRecords: *batch, GoalRatio: goalRatio,
-		Durable: *durable, Rounds: *rounds, Tablets: *tablets, HostLoadAvg1m: procstat.LoadAvg(), Commit: gitCommit(),
+		Durable: *durable, Rounds: *rounds, Tablets: *tablets, HostLoadAvg1m: procstat.LoadAvg(), Commit: publish.GitCommit(),
 		Command: "go run ./bench/pgsink " + strings.Join(os.Args[1:], " "), Runs: map[string][]pathResult{}}
 	if res.FsyncMs, err = probeFsync(dir); err != nil {
 		return err
@@ -182,8 +181,8 @@ func run() error {
 	for op, n := range b.w.ops {
 		res.Ops[string(op)] = n
 	}
-	logf("disk: a 4 KiB write + fsync takes %.3f ms", res.FsyncMs)
-	logf("records: %d over %d tablets (%v), %.0f bytes of JSON each on average, %d orders left; made in %v",
+	publish.Logf("disk: a 4 KiB write + fsync takes %.3f ms", res.FsyncMs)
+	publish.Logf("records: %d over %d tablets (%v), %.0f bytes of JSON each on average, %d orders left; made in %v",
 		b.w.records, *tablets, res.Ops, res.JSONBytesPerRecord, len(b.w.live), time.Since(t0).Round(time.Millisecond))
 
 	paths := []string{pathRaw, pathPostgres, pathJSONL}
@@ -195,7 +194,7 @@ func run() error {
 				return fmt.Errorf("round %d, %s: %w", round+1, p, err)
 			}
 			res.Runs[p] = append(res.Runs[p], r)
-			logf("round %d, %s: %s", round+1, p, r)
+			publish.Logf("round %d, %s: %s", round+1, p, r)
 		}
 		res.RoundRatios = append(res.RoundRatios, res.Runs[pathPostgres][round].RecordsPerS/res.Runs[pathRaw][round].RecordsPerS)
 	}
@@ -205,7 +204,7 @@ func run() error {
 			return fmt.Errorf("%s: %w", pathApply, err)
 		}
 		res.Runs[pathApply] = []pathResult{r}
-		logf("%s: %s", pathApply, r)
+		publish.Logf("%s: %s", pathApply, r)
 	}
 
 	res.Median = map[string]float64{}
@@ -239,7 +238,7 @@ func run() error {
 		b.w.records, applyVerified(*apply, len(b.w.live)))
 	res.Setup = setupNotes(*durable, *tablets, *batch)
 	res.DurationS = time.Since(began).Round(time.Millisecond).Seconds()
-	logf("%s", res.Verdict)
+	publish.Logf("%s", res.Verdict)
 
 	if err := publish.JSON(*out, res); err != nil {
 		return err
@@ -281,9 +280,8 @@ type bench struct {
 	batch int
 	w     *workload
 
-	bed        *pgbed.Cluster
-	admin      *pgx.Conn
-	postmaster int
+	bed   *pgbed.Cluster
+	admin *pgx.Conn
 }
 
 func (b *bench) primary() *pgbed.Node { return b.bed.Shards[0].Primary }
@@ -304,10 +302,7 @@ func (b *bench) start(ctx context.Context, durable bool) error {
 	if b.admin, err = b.primary().Connect(ctx); err != nil {
 		return err
 	}
-	if b.postmaster, err = postmasterPid(b.primary().DataDir()); err != nil {
-		logf("no postgres CPU figures: %v", err)
-	}
-	logf("bed up: %s", b.primary().LogPath())
+	publish.Logf("bed up: %s", b.primary().LogPath())
 	return nil
 }
 
@@ -317,7 +312,7 @@ func (b *bench) close() {
 	}
 	if b.bed != nil {
 		if err := b.bed.Close(); err != nil {
-			logf("close the bed: %v", err)
+			publish.Logf("close the bed: %v", err)
 		}
 	}
 }
@@ -497,18 +492,4 @@ func ratioString(r float64) string {
 		return fmt.Sprintf("%.3f", r)
 	}
 	return fmt.Sprintf("%.2f", r)
-}
-
-// gitCommit is the checkout's HEAD, "-dirty" when the tree has changes,
-// "" outside a git checkout.
-func gitCommit() string {
-	out, err := exec.Command("git", "describe", "--always", "--dirty", "--abbrev=12").Output()
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }

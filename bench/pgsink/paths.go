@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/sink/postgres"
 	"github.com/tabletflow/tabletflow/source"
@@ -198,7 +199,7 @@ func (s *sinkStore) put(ctx context.Context, recs []source.Record) (staged, comm
 			return t1.Sub(t0), time.Since(t1), retries, err
 		}
 		retries++
-		logf("commit of %s at %s failed, trying again: %v", recs[0].Tablet, recs[len(recs)-1].Position, err)
+		publish.Logf("commit of %s at %s failed, trying again: %v", recs[0].Tablet, recs[len(recs)-1].Position, err)
 	}
 }
 

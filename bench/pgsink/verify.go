@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -136,11 +134,12 @@ func (b *bench) cpu() cpuSnapshot {
 		s.Snapshot["host_busy"] = procstat.Seconds(h.Busy() + h.Steal)
 		s.Snapshot["host_steal"] = procstat.Seconds(h.Steal)
 	}
-	if b.postmaster != 0 {
-		for _, pid := range append(childPids(b.postmaster), b.postmaster) {
-			if v, err := procstat.ProcessCPU(pid); err == nil {
-				s.postgres[pid] = v
-			}
+	if b.bed == nil {
+		return s
+	}
+	for _, pid := range b.primary().ServerPids() {
+		if v, err := procstat.ProcessCPU(pid); err == nil {
+			s.postgres[pid] = v
 		}
 	}
 	return s
@@ -155,37 +154,5 @@ func (s cpuSnapshot) Minus(prev cpuSnapshot) map[string]float64 {
 	}
 	out := s.Snapshot.Minus(prev.Snapshot)
 	out["postgres"] = math.Round(pg*100) / 100
-	return out
-}
-
-// postmasterPid reads the server's pid from its data directory.
-func postmasterPid(dataDir string) (int, error) {
-	b, err := os.ReadFile(dataDir + "/postmaster.pid")
-	if err != nil {
-		return 0, err
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	return strconv.Atoi(strings.TrimSpace(first))
-}
-
-// childPids are the processes whose parent is pid.
-func childPids(pid int) []int {
-	entries, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(stat)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // state, ppid, …
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			out = append(out, child)
-		}
-	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"go.temporal.io/sdk/client"
 
+	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
@@ -193,7 +194,7 @@ func (b *bench) flow(ctx context.Context, dir string, start source.Checkpoint, l
 		}
 		if time.Since(logged) >= time.Second {
 			logged = time.Now()
-			logf("tabletflow: %v: slot confirmed at %s of %s", now.Round(100*time.Millisecond), confirmed, last)
+			publish.Logf("tabletflow: %v: slot confirmed at %s of %s", now.Round(100*time.Millisecond), confirmed, last)
 		}
 	}
 }
@@ -224,7 +225,7 @@ func (b *bench) slot(ctx context.Context, name string) (confirmed pglogrepl.LSN,
 func (b *bench) walsender(ctx context.Context, slot string) int {
 	_, pid, err := b.slot(ctx, slot)
 	if err != nil {
-		logf("walsender of %s: %v", slot, err)
+		publish.Logf("walsender of %s: %v", slot, err)
 	}
 	return pid
 }

@@ -192,7 +192,7 @@ func run() error {
 	}()
 
 	res := result{Date: time.Now().UTC().Format(time.RFC3339), BatchRecords: *batch, GoalRatio: goalRatio,
-		HostLoadAvg1mAtStart: procstat.LoadAvg(), Commit: gitCommit(),
+		HostLoadAvg1mAtStart: procstat.LoadAvg(), Commit: publish.GitCommit(),
 		Command: "go run ./bench/pgsource " + strings.Join(os.Args[1:], " ")}
 	if err := b.start(ctx, dir); err != nil {
 		return err
@@ -208,7 +208,7 @@ func run() error {
 	}
 	res.Records, res.Transactions, res.WALBytes = w.records, w.txs, w.walBytes
 	res.WriteSeconds, res.WriteRate = w.took.Seconds(), float64(w.records)/w.took.Seconds()
-	logf("workload: %d row changes in %d transactions, %d bytes of WAL, in %v (%.0f records/s); standby replayed",
+	publish.Logf("workload: %d row changes in %d transactions, %d bytes of WAL, in %v (%.0f records/s); standby replayed",
 		w.records, w.txs, w.walBytes, w.took.Round(time.Millisecond), res.WriteRate)
 
 	if *cpuProfile != "" {
@@ -225,13 +225,13 @@ func run() error {
 		return fmt.Errorf("raw: %w", err)
 	}
 	res.Raw = raw.loopResult
-	logf("raw: %s", raw.loopResult)
+	publish.Logf("raw: %s", raw.loopResult)
 
 	readerDir := filepath.Join(dir, "reader")
 	if res.Reader, err = b.reader(ctx, readerDir, w.records, start[readerStream]); err != nil {
 		return fmt.Errorf("reader: %w", err)
 	}
-	logf("reader: %s", res.Reader)
+	publish.Logf("reader: %s", res.Reader)
 
 	if *cpuProfile != "" {
 		pprof.StopCPUProfile()
@@ -255,7 +255,7 @@ func run() error {
 	}
 	res.Verified = v.summary
 	res.Tabletflow = fl.result(w.records, v.flowFirstAck)
-	logf("tabletflow: %s (replication started after %v)", res.Tabletflow, fl.replicating.Round(time.Millisecond))
+	publish.Logf("tabletflow: %s (replication started after %v)", res.Tabletflow, fl.replicating.Round(time.Millisecond))
 
 	res.Ratio = res.Tabletflow.RecordsPerS / res.Raw.RecordsPerS
 	res.SteadyRatio = res.Tabletflow.SteadyRecordsPerS / res.Raw.SteadyRecordsPerS
@@ -268,7 +268,7 @@ func run() error {
 	res.Verdict = fmt.Sprintf("goal tabletflow/raw >= %.2f %s: %.2f (%.0f against %.0f records/s end to end; steady %.2f; adapter loop without Temporal %.2f)",
 		goalRatio, verdict, res.Ratio, res.Tabletflow.RecordsPerS, res.Raw.RecordsPerS, res.SteadyRatio, res.ReaderRatio)
 	res.Setup = setupNotes(*writers, *batch)
-	logf("%s", res.Verdict)
+	publish.Logf("%s", res.Verdict)
 
 	if err := publish.JSON(*out, res); err != nil {
 		return err
@@ -354,7 +354,7 @@ func (b *bench) start(ctx context.Context, dir string) error {
 		return err
 	}
 	b.admin, err = sh.Standbys[0].Connect(ctx)
-	logf("bed and dev server up")
+	publish.Logf("bed and dev server up")
 	return err
 }
 
@@ -373,7 +373,7 @@ func (b *bench) createReaders(ctx context.Context) (map[string]source.Checkpoint
 	if err != nil {
 		return nil, err
 	}
-	logf("slots: %s at %s, %s at %s, %s at %s", flowID, pglogrepl.LSN(start[flowID].Term),
+	publish.Logf("slots: %s at %s, %s at %s, %s at %s", flowID, pglogrepl.LSN(start[flowID].Term),
 		readerStream, pglogrepl.LSN(start[readerStream].Term), rawSlot, lsn)
 	return start, nil
 }
@@ -407,7 +407,7 @@ func (b *bench) close() {
 	}
 	if b.bed != nil {
 		if err := b.bed.Close(); err != nil {
-			logf("close the bed: %v", err)
+			publish.Logf("close the bed: %v", err)
 		}
 	}
 }
@@ -438,18 +438,4 @@ func (b *bench) cpu(walsender int) procstat.Snapshot {
 		out["host_busy"] = procstat.Seconds(h.Busy() + h.Steal)
 	}
 	return out
-}
-
-// gitCommit is the checkout's HEAD, "-dirty" when the tree has changes,
-// "" outside a git checkout.
-func gitCommit() string {
-	out, err := exec.Command("git", "describe", "--always", "--dirty", "--abbrev=12").Output()
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
@@ -79,7 +80,7 @@ func (b *bench) verify(ctx context.Context, want uint64, rawDir, readerDir, flow
 	v.summary = fmt.Sprintf("%d records in each output, identical lines (stream name aside) in raw, reader and tabletflow; "+
 		"no position twice in either sink; replaying tabletflow's records gives the primary's tables (%d orders, %d items)",
 		want, len(tables["public.orders"]), len(tables["public.items"]))
-	logf("verify: %s", v.summary)
+	publish.Logf("verify: %s", v.summary)
 	return v, nil
 }
 

@@ -302,7 +302,7 @@ func run() error {
 	for _, v := range dynCfg {
 		extra = append(extra, "--dynamic-config-value", v)
 	}
-	logf("starting the dev server")
+	publish.Logf("starting the dev server")
 	ds, err := testbed.StartDevServer(filepath.Join(bin, "temporal"), dir, extra...)
 	if err != nil {
 		return err
@@ -313,7 +313,7 @@ func run() error {
 	}
 	defer b.temporal.Close()
 
-	logf("starting tabletd: %d tablets × %d replicas, %.0f records/s", *tablets, *replicas, *rate)
+	publish.Logf("starting tabletd: %d tablets × %d replicas, %.0f records/s", *tablets, *replicas, *rate)
 	if err := b.startTabletd(ctx, *tablets, *replicas, *rate); err != nil {
 		return err
 	}
@@ -324,9 +324,9 @@ func run() error {
 	if res.FullListingBytes, res.ReadTopologyBytes, err = b.topologyBytes(ctx); err != nil {
 		return err
 	}
-	logf("topology of %d tablets as JSON: %d bytes (ReadTopology), %d bytes (full listing)", *tablets, res.ReadTopologyBytes, res.FullListingBytes)
+	publish.Logf("topology of %d tablets as JSON: %d bytes (ReadTopology), %d bytes (full listing)", *tablets, res.ReadTopologyBytes, res.FullListingBytes)
 
-	logf("starting the worker: --max-concurrent-activities %d --pollers %d", maxAct, *pollers)
+	publish.Logf("starting the worker: --max-concurrent-activities %d --pollers %d", maxAct, *pollers)
 	if err := b.startWorker(ctx, ds.Addr, maxAct, *pollers); err != nil {
 		return err
 	}
@@ -337,7 +337,7 @@ func run() error {
 	if res.WorkerRSSBaseMiB, _, err = testbed.Memory(b.worker.Pid()); err != nil {
 		return err
 	}
-	logf("worker base RSS %.1f MiB", res.WorkerRSSBaseMiB)
+	publish.Logf("worker base RSS %.1f MiB", res.WorkerRSSBaseMiB)
 
 	// The stream.
 	cpu0 := b.cpu()
@@ -353,7 +353,7 @@ func run() error {
 	// Interrupted (Ctrl-C): the result still says how far it got.
 	interrupted := ctx.Err() != nil
 	if interrupted {
-		logf("interrupted: writing what was measured")
+		publish.Logf("interrupted: writing what was measured")
 	}
 	res.AllStreaming = w.allStreaming > 0
 	res.AllStreamingS, res.AllServedS = round(w.allStreaming.Seconds()), round(w.allServed.Seconds())
@@ -361,7 +361,7 @@ func run() error {
 	res.WorkerRSSMiB, res.WorkerPeakRSSMiB, _ = testbed.Memory(b.worker.Pid())
 
 	if res.AllStreaming && *steady > 0 && !interrupted {
-		logf("every tablet streams after %v; steady window of %v", w.allStreaming.Round(100*time.Millisecond), *steady)
+		publish.Logf("every tablet streams after %v; steady window of %v", w.allStreaming.Round(100*time.Millisecond), *steady)
 		cpu1 := b.cpu()
 		t0 := time.Now()
 		for time.Since(t0) < *steady && ctx.Err() == nil {
@@ -378,7 +378,7 @@ func run() error {
 			}
 			s.WorkerRSS, _, _ = testbed.Memory(b.worker.Pid())
 			res.Samples = append(res.Samples, s)
-			logf("%5.0fs (steady): %d Streaming, run %s, worker RSS %.0f MiB %s", s.T, s.Streaming, short(s.Run), s.WorkerRSS, s.Err)
+			publish.Logf("%5.0fs (steady): %d Streaming, run %s, worker RSS %.0f MiB %s", s.T, s.Streaming, short(s.Run), s.WorkerRSS, s.Err)
 		}
 		res.SteadyWindowS = round(time.Since(t0).Seconds())
 		res.CPUSteady = b.cpu().Minus(cpu1)
@@ -409,7 +409,7 @@ func run() error {
 
 	// Histories.
 	if err := b.runs(ctx, &res); err != nil {
-		logf("stream runs: %v", err)
+		publish.Logf("stream runs: %v", err)
 	}
 	res.StreamRunsExpected = (*tablets + maxChildrenPerRun - 1) / maxChildrenPerRun
 	if res.SteadyWindowS > 0 {
@@ -423,7 +423,7 @@ func run() error {
 	if n, types, _, err := b.history(ctx, res.TabletWorkflow, ""); err == nil {
 		res.TabletEvents, res.TabletEventsPerType = n, types
 	} else {
-		logf("tablet history: %v", err)
+		publish.Logf("tablet history: %v", err)
 	}
 
 	for _, p := range b.procs.List() {
@@ -437,7 +437,7 @@ func run() error {
 		keepDir = true
 		res.Dir = dir
 	}
-	logf("%s", res.Verdict)
+	publish.Logf("%s", res.Verdict)
 
 	if err := publish.JSON(*out, res); err != nil {
 		return err
@@ -528,14 +528,14 @@ func (b *bench) watch(ctx context.Context, n int, timeout, every time.Duration, 
 		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()
-			logf("%5.0fs: %d of %d Streaming (%v), tabletd served %d, run %s, worker RSS %.0f MiB, query %.2fs %s",
+			publish.Logf("%5.0fs: %d of %d Streaming (%v), tabletd served %d, run %s, worker RSS %.0f MiB, query %.2fs %s",
 				s.T, s.Streaming, n, s.States, s.Served, short(s.Run), s.WorkerRSS, s.QueryS, s.Err)
 		}
 		if w.allStreaming > 0 && w.allServed > 0 {
 			return w
 		}
 		if time.Now().After(deadline) {
-			logf("deadline: %d of %d Streaming, %d served", s.Streaming, n, s.Served)
+			publish.Logf("deadline: %d of %d Streaming, %d served", s.Streaming, n, s.Served)
 			return w
 		}
 		_ = procs.Sleep(ctx, every)

@@ -133,7 +133,3 @@ var (
 		regexp.MustCompile(`\bblob-size-violation-operation=\S+`), regexp.MustCompile(`\berror="(?:[^"\\]|\\.){0,120}`),
 	}
 )
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
-}

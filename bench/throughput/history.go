@@ -18,6 +18,7 @@ import (
 	"github.com/tabletflow/tabletflow/bench/internal/history"
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/promscrape"
+	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -41,7 +42,7 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 	if _, err := b.workload(ctx, sourcepb.WorkloadRequest_RESUME, 0); err != nil {
 		return err
 	}
-	logf("history: streaming at %.0f records/s for %v", rate, window)
+	publish.Logf("history: streaming at %.0f records/s for %v", rate, window)
 	if err := procs.Sleep(ctx, window); err != nil {
 		return err
 	}
@@ -71,7 +72,7 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 	}
 	parent := analyze(runs, from, to)
 	res.HistoryEventsParentPerHour = float64(parent.events) / hours
-	logf("history: %d events in %.0fs on %s: %s", parent.events, res.MeasureWindowS, flowID, parent)
+	publish.Logf("history: %d events in %.0fs on %s: %s", parent.events, res.MeasureWindowS, flowID, parent)
 
 	var started, scheduled, firstRuns, gaps, decide, dispatch, wtWait []time.Duration
 	var records, batches int64
@@ -84,7 +85,7 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 		h := analyze(runs, from, to)
 		if i == 0 {
 			res.HistoryEventsPerTabletPerHour = float64(h.events) / hours
-			logf("history: %d events in %.0fs on %s: %s", h.events, res.MeasureWindowS, id, h)
+			publish.Logf("history: %d events in %.0fs on %s: %s", h.events, res.MeasureWindowS, id, h)
 		}
 		for _, at := range []struct {
 			t   time.Time

@@ -232,7 +232,7 @@ func run() error {
 	}
 	res.RawSeconds = took.Seconds()
 	res.RawRecordsPerS = float64(total) / took.Seconds()
-	logf("raw: %d records in %v: %.0f records/s", total, took.Round(time.Millisecond), res.RawRecordsPerS)
+	publish.Logf("raw: %d records in %v: %.0f records/s", total, took.Round(time.Millisecond), res.RawRecordsPerS)
 
 	if err := b.startWorker(ctx); err != nil {
 		return err
@@ -262,10 +262,10 @@ func run() error {
 	res.Ratio = res.TabletflowRecordsPerS / res.RawRecordsPerS
 	res.SteadyRatio = res.TabletflowSteadyRecordsPerS / res.RawRecordsPerS
 	res.MeetsGoal = res.Ratio >= goalRatio
-	logf("tabletflow: %d records in %v: %.0f records/s end to end (first ack after %v, all tablets after %v), %.0f records/s steady",
+	publish.Logf("tabletflow: %d records in %v: %.0f records/s end to end (first ack after %v, all tablets after %v), %.0f records/s steady",
 		total, fl.wall.Round(time.Millisecond), res.TabletflowRecordsPerS, fl.firstAck.Round(time.Millisecond),
 		fl.allStarted.Round(time.Millisecond), fl.steady)
-	logf("cpu seconds: raw %v; tabletflow %v", res.CPURaw, res.CPUTabletflow)
+	publish.Logf("cpu seconds: raw %v; tabletflow %v", res.CPURaw, res.CPUTabletflow)
 
 	for _, v := range []struct{ stream, dir string }{{rawStream, rawDir}, {flowID, flowDir}} {
 		if err := b.verify(ctx, v.stream, v.dir, total); err != nil {
@@ -279,7 +279,7 @@ func run() error {
 	}
 	res.LiveCPUPer1kOverBulk = res.Live.WorkerCPUPer1k / res.Bulk.WorkerCPUPer1k
 	res.MeetsLiveGoal = res.LiveCPUPer1kOverBulk <= goalLiveCPU && res.Live.CommitLagP99S >= 0 && res.Live.CommitLagP99S <= goalLagP99S
-	logf("worker CPU per 1000 records: bulk %.4fs, live %.4fs (%.2f×, goal ≤ %v×); live commit lag p99 ≤ %.3fs (goal ≤ %vs); live commits %.1f/s, acks %.1f/s, fsyncs %.1f/s",
+	publish.Logf("worker CPU per 1000 records: bulk %.4fs, live %.4fs (%.2f×, goal ≤ %v×); live commit lag p99 ≤ %.3fs (goal ≤ %vs); live commits %.1f/s, acks %.1f/s, fsyncs %.1f/s",
 		res.Bulk.WorkerCPUPer1k, res.Live.WorkerCPUPer1k, res.LiveCPUPer1kOverBulk, goalLiveCPU,
 		res.Live.CommitLagP99S, goalLagP99S, res.Live.CommitsPerS, res.Live.AcksPerS, res.Live.FsyncsPerS)
 	if err := b.verify(ctx, flowID, flowDir, 0); err != nil {
@@ -347,7 +347,7 @@ func (b *bench) startTemporal(ctx context.Context) error {
 		if err == nil || !p.Exited() || attempt == 3 {
 			return err
 		}
-		logf("%v; trying other ports", err)
+		publish.Logf("%v; trying other ports", err)
 		_ = os.Rename(p.Log(), fmt.Sprintf("%s.%d", p.Log(), attempt))
 		_ = os.Remove(db)
 	}
@@ -443,7 +443,7 @@ func (b *bench) preload(ctx context.Context, n uint64, rate float64) (uint64, er
 	if err != nil {
 		return 0, fmt.Errorf("digest: %w", err)
 	}
-	logf("preload: %d records in %v (%.0f records/s)", d.Records, time.Since(began).Round(time.Millisecond),
+	publish.Logf("preload: %d records in %v (%.0f records/s)", d.Records, time.Since(began).Round(time.Millisecond),
 		float64(d.Records)/time.Since(began).Seconds())
 	return d.Records, nil
 }
@@ -623,7 +623,7 @@ func (b *bench) flow(ctx context.Context, dir string, total uint64) (flowResult,
 		}
 		if time.Since(logged) >= time.Second {
 			logged = time.Now()
-			logf("tabletflow: %v: %d of %d records acked, %d tablets acking, %d done",
+			publish.Logf("tabletflow: %v: %d of %d records acked, %d tablets acking, %d done",
 				now.Round(100*time.Millisecond), p.acked, total, len(p.started), len(p.done))
 		}
 		if len(p.done) == len(last) {
@@ -703,6 +703,6 @@ func (b *bench) verify(ctx context.Context, stream, dir string, want uint64) err
 		return fmt.Errorf("stream %s: due %d records hash %s, sink has %d records hash %s, %d duplicated positions",
 			stream, due.Records, digest.HashHex(due.Hash), got.Total.Records, digest.HashHex(got.Total.Hash), len(got.Duplicates))
 	}
-	logf("verify %s: %d records, hash %s, no duplicates", stream, got.Total.Records, digest.HashHex(got.Total.Hash))
+	publish.Logf("verify %s: %d records, hash %s, no duplicates", stream, got.Total.Records, digest.HashHex(got.Total.Hash))
 	return nil
 }

@@ -373,6 +373,19 @@ func (n *Node) AllRows(ctx context.Context) (map[string]Rows, error) {
 	return out, nil
 }
 
+// ServerPids returns the running server's processes, the postmaster and
+// its children (backends, writers); nil when it is not running. For CPU
+// accounting.
+func (n *Node) ServerPids() []int {
+	n.mu.Lock()
+	p := n.proc
+	n.mu.Unlock()
+	if p == nil || p.Exited() {
+		return nil
+	}
+	return append(childPids(p.Pid()), p.Pid())
+}
+
 // childPids are the processes whose parent is pid (from /proc).
 func childPids(pid int) []int {
 	entries, _ := os.ReadDir("/proc")
