@@ -42,8 +42,8 @@ type polled struct {
 // startPoller starts reading rd from req.From. The polls run on a child
 // of ctx, each bounded by req.MaxWait plus pollSlack. After a read that
 // brought records but fewer than req.MaxRecords (the tablet is caught up
-// and records trickle in), the next read waits until linger has passed
-// since that one returned, so that it brings what arrived meanwhile in one
+// and records trickle in), the next read waits linger after that one was
+// handed over, so that it brings what arrived meanwhile in one
 // batch — the group commit — instead of a record or two per read, each
 // then costing a commit, an acknowledgement and a heartbeat.
 func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, linger time.Duration,
