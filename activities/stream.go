@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"go.temporal.io/sdk/temporal"
+	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/picker"
@@ -115,10 +117,22 @@ type SelectReplicaInput struct {
 	// worker's watcher's fresh copy of it)...
 	Exclude config.ExcludeList `json:"exclude"`
 	// ...unless OperatorKnown: then Operator is that list, as the stream
-	// passed it when it started the tablet.
-	Operator      config.ExcludeList `json:"operator,omitempty"`
-	OperatorKnown bool               `json:"operatorKnown,omitempty"`
+	// passed it when it started the tablet. With OperatorFallback instead,
+	// Operator is that list as the tablet last heard it, used when the
+	// stream does not answer within PickerQueryWait and this worker has
+	// never read the list itself.
+	Operator         config.ExcludeList `json:"operator,omitempty"`
+	OperatorKnown    bool               `json:"operatorKnown,omitempty"`
+	OperatorFallback bool               `json:"operatorFallback,omitempty"`
 }
+
+// PickerQueryWait (Activities.PickerWait when set) bounds how long the tablet picker waits for the stream
+// to answer its exclude-list query. A stream busy with hundreds of tablets
+// reporting at once (a resume of every tablet) can take seconds; the
+// picker then picks with the list as last read and GetChanges, which
+// checks the watcher's list at every batch boundary, leaves a replica
+// excluded meanwhile as soon as the watcher reads the list.
+const PickerQueryWait = 2 * time.Second
 
 // Selection is the picker's choice.
 type Selection struct {
@@ -142,7 +156,7 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 	operator := in.Operator
 	if !in.OperatorKnown {
 		var err error
-		if operator, err = a.operatorExclusions(ctx, in.Stream); err != nil {
+		if operator, err = a.operatorExclusions(ctx, in); err != nil {
 			return Selection{}, err
 		}
 	}
@@ -170,16 +184,40 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 	return Selection{}, fatalf("tablet %s: %v", in.Tablet, source.ErrUnknownTablet)
 }
 
+func (a *Activities) pickerWait() time.Duration {
+	if a.PickerWait > 0 {
+		return a.PickerWait
+	}
+	return PickerQueryWait
+}
+
 // operatorExclusions returns the stream's operator exclude list: this
 // worker's watcher's copy if it is at most two polls old, else the
-// watcher's next query (shared by the tablets asking meanwhile); without
-// a watcher, a query of its own.
-func (a *Activities) operatorExclusions(ctx context.Context, stream string) (config.ExcludeList, error) {
+// watcher's next query (shared by the tablets asking meanwhile), waited
+// for up to PickerQueryWait, else the list as last read here or as the
+// tablet last heard it; without a watcher, a query of its own.
+func (a *Activities) operatorExclusions(ctx context.Context, in SelectReplicaInput) (config.ExcludeList, error) {
+	stream := in.Stream
 	if a.Client == nil || stream == "" {
 		return nil, nil
 	}
-	if a.Watcher != nil && a.Watcher.Client != nil {
-		return a.Watcher.Exclusions(ctx, stream, 2*a.Watcher.interval())
+	if w := a.Watcher; w != nil && w.Client != nil {
+		qctx, cancel := context.WithTimeout(ctx, a.pickerWait())
+		list, err := w.Exclusions(qctx, stream, 2*w.interval())
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return list, err
+		}
+		last, ok := w.LastRead(stream)
+		if !ok && in.OperatorFallback {
+			last, ok = in.Operator, true
+		}
+		if !ok {
+			return nil, err
+		}
+		a.logger().Info("picking with the exclude list as last known: the stream did not answer in time",
+			zap.String("stream", stream), zap.String("tablet", in.Tablet), zap.Error(err))
+		return last, nil
 	}
 	v, err := a.Client.QueryWorkflow(ctx, stream, "", QueryExclusions)
 	if err != nil {

@@ -41,6 +41,8 @@ type Activities struct {
 	Now func() time.Time
 	// RecheckEvery: see recheckEvery (0: 1s).
 	RecheckEvery time.Duration
+	// PickerWait: see PickerQueryWait (0: PickerQueryWait).
+	PickerWait time.Duration
 }
 
 func (a *Activities) now() time.Time {

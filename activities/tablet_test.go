@@ -573,8 +573,15 @@ type fakeStream struct {
 
 func (f *fakeStream) SignalWorkflow(context.Context, string, string, string, any) error { return nil }
 
-func (f *fakeStream) QueryWorkflow(context.Context, string, string, string, ...any) (converter.EncodedValue, error) {
-	time.Sleep(f.delay) // a busy stream workflow answers slowly
+func (f *fakeStream) QueryWorkflow(ctx context.Context, _, _, _ string, _ ...any) (converter.EncodedValue, error) {
+	f.mu.Lock()
+	delay := f.delay
+	f.mu.Unlock()
+	select { // a busy stream workflow answers slowly; the caller may not wait
+	case <-time.After(delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.queries++
@@ -651,4 +658,63 @@ func TestExclusionsAskedAtOnceShareOneQuery(t *testing.T) {
 	stream.mu.Lock()
 	defer stream.mu.Unlock()
 	require.Equal(t, 1, stream.queries)
+}
+
+// A stream too busy to answer within the watcher's interval is still
+// read: the query waits up to QueryTimeout, not one interval, so pickers
+// waiting for it get the list instead of an error each interval.
+func TestExclusionsOfAStreamSlowerThanTheIntervalAreRead(t *testing.T) {
+	stream := &fakeStream{list: config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}}, delay: 200 * time.Millisecond}
+	w := &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	list, err := w.Exclusions(ctx, testStream, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, testAlias, list[0].Alias)
+}
+
+// The tablet picker does not wait on a stream too busy to answer: after
+// PickerWait it picks with the exclude list as this worker last read it
+// (its tablets all paused meanwhile), or, never read here, as the tablet
+// last heard it; with neither it fails (and the tablet retries).
+func TestPickerFallsBackToTheListAsLastKnownWhenTheStreamIsSlow(t *testing.T) {
+	read := config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}}
+	heard := config.ExcludeList{{Alias: "zone9-heard", Reason: "at the tablet's start"}}
+	for _, tc := range []struct {
+		name     string
+		readHere bool
+		fallback bool
+		want     config.ExcludeList
+	}{
+		{"last read here", true, true, read},
+		{"as the tablet heard it", false, true, heard},
+		{"neither", false, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := &fakeStream{list: read}
+			w := &Watcher{Client: stream, Interval: 10 * time.Millisecond}
+			if tc.readHere { // a GetChanges watched the stream, then ended
+				release := w.Watch(testStream)
+				_, err := w.Exclusions(context.Background(), testStream, time.Minute)
+				require.NoError(t, err)
+				release()
+			}
+			stream.mu.Lock()
+			stream.delay = time.Hour // the stream no longer answers in time
+			stream.list = nil
+			stream.mu.Unlock()
+			a := &Activities{Client: stream, Watcher: w, PickerWait: 50 * time.Millisecond}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			list, err := a.operatorExclusions(ctx, SelectReplicaInput{Stream: testStream, Tablet: testTablet, Operator: heard, OperatorFallback: tc.fallback})
+			require.NoError(t, ctx.Err(), "the picker waited past PickerWait")
+			if tc.want == nil {
+				require.ErrorContains(t, err, "query the stream's exclude list")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, list)
+		})
+	}
 }

@@ -21,10 +21,18 @@ import (
 type Watcher struct {
 	Client   WorkflowClient
 	Interval time.Duration
-	Logger   *zap.Logger
+	// QueryTimeout bounds one query (default DefaultQueryTimeout). It is
+	// longer than the interval: a stream busy with its tablets' reports
+	// may take seconds to answer, and an answer late is still an answer
+	// for the pickers waiting on it; the next query follows at once.
+	QueryTimeout time.Duration
+	Logger       *zap.Logger
 
 	mu      sync.Mutex
 	streams map[string]*watched
+	// last keeps the list as last read of a stream no longer watched
+	// here (all its tablets paused, say), for LastRead.
+	last map[string]config.ExcludeList
 }
 
 type watched struct {
@@ -63,6 +71,12 @@ func (w *Watcher) Watch(stream string) (release func()) {
 		if s.refs--; s.refs == 0 {
 			s.stop()
 			delete(w.streams, stream)
+			if !s.read.IsZero() {
+				if w.last == nil {
+					w.last = map[string]config.ExcludeList{}
+				}
+				w.last[stream] = s.list
+			}
 		}
 	}
 }
@@ -97,6 +111,17 @@ func (w *Watcher) Changed(stream string) <-chan struct{} {
 	return nil
 }
 
+// DefaultQueryTimeout is the Watcher's QueryTimeout when unset: under the
+// tablet picker's 10 s local-activity timeout, with room for a retry.
+const DefaultQueryTimeout = 5 * time.Second
+
+func (w *Watcher) queryTimeout() time.Duration {
+	if w.QueryTimeout <= 0 {
+		return max(DefaultQueryTimeout, w.interval())
+	}
+	return w.QueryTimeout
+}
+
 func (w *Watcher) interval() time.Duration {
 	if w.Interval <= 0 {
 		return time.Second
@@ -120,6 +145,21 @@ func (w *Watcher) Fresh(stream string, maxAge time.Duration, now time.Time) (con
 		return nil, false
 	}
 	return slices.Clone(s.list), true
+}
+
+// LastRead returns the stream's operator exclude list as this worker last
+// read it, however long ago (ok false: never read here).
+func (w *Watcher) LastRead(stream string) (list config.ExcludeList, ok bool) {
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s := w.streams[stream]; s != nil && !s.read.IsZero() {
+		return slices.Clone(s.list), true
+	}
+	list, ok = w.last[stream]
+	return slices.Clone(list), ok
 }
 
 // Exclusions returns the stream's operator exclude list as read within
@@ -158,11 +198,10 @@ func (w *Watcher) Exclusions(ctx context.Context, stream string, maxAge time.Dur
 
 func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
 	defer close(s.stopped)
-	interval := w.interval()
-	tick := time.NewTicker(interval)
+	tick := time.NewTicker(w.interval())
 	defer tick.Stop()
 	for {
-		qctx, cancel := context.WithTimeout(ctx, interval)
+		qctx, cancel := context.WithTimeout(ctx, w.queryTimeout())
 		v, err := w.Client.QueryWorkflow(qctx, stream, "", QueryExclusions)
 		var list config.ExcludeList
 		if err == nil {

@@ -33,9 +33,7 @@ func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, erro
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: t.in.Config.Source,
 		Selection: t.in.Config.Selection, Exclude: t.liveExclusions(ctx),
 	}
-	if !t.st.Selected {
-		in.Operator, in.OperatorKnown = t.in.Exclude, true
-	}
+	in.Operator, in.OperatorKnown, in.OperatorFallback = t.in.Exclude, !t.st.Selected, t.st.Selected
 	err := workflow.ExecuteLocalActivity(actx, a.SelectReplica, in).Get(ctx, &sel)
 	if err == nil {
 		t.st.Selected = true
