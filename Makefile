@@ -37,7 +37,7 @@ build: ## the binaries into ./bin
 test: build $(BIN)/temporal pg ## vet and every test: unit, loopback gRPC, e2e on a Temporal dev server
 	go vet ./...
 	go test -count=1 -timeout 20m $$(go list ./... | grep -v '/e2e$$')
-	go test -count=1 -timeout 20m ./e2e
+	go test -count=1 -timeout 25m ./e2e
 
 bench: build $(BIN)/temporal pg ## benchmarks; results into bench/results
 	mkdir -p bench/results

@@ -52,6 +52,31 @@ func (e *env) history(id, runID string) []*historypb.HistoryEvent {
 	return out
 }
 
+// lastEvents describes the last n events of a workflow's latest run and
+// its pending work, for a failure message.
+func (e *env) lastEvents(id string, n int) string {
+	var b strings.Builder
+	events := e.history(id, "")
+	for _, ev := range events[max(0, len(events)-n):] {
+		fmt.Fprintf(&b, "\n    %d %s %s", ev.GetEventId(), ev.GetEventTime().AsTime().Format("15:04:05.000"), ev.GetEventType())
+		if a := ev.GetWorkflowTaskFailedEventAttributes(); a != nil {
+			fmt.Fprintf(&b, " %s %s", a.GetCause(), a.GetFailure().GetMessage())
+		}
+		if a := ev.GetWorkflowTaskTimedOutEventAttributes(); a != nil {
+			fmt.Fprintf(&b, " %s", a.GetTimeoutType())
+		}
+	}
+	d := e.describe(id, "")
+	if wt := d.GetPendingWorkflowTask(); wt != nil {
+		fmt.Fprintf(&b, "\n    pending workflow task: %s attempt %d scheduled %s started %s", wt.GetState(), wt.GetAttempt(),
+			wt.GetScheduledTime().AsTime().Format("15:04:05.000"), wt.GetStartedTime().AsTime().Format("15:04:05.000"))
+	}
+	for _, a := range d.GetPendingActivities() {
+		fmt.Fprintf(&b, "\n    pending activity %s: %s attempt %d last failure %s", a.GetActivityType().GetName(), a.GetState(), a.GetAttempt(), a.GetLastFailure().GetMessage())
+	}
+	return b.String()
+}
+
 // runsOf lists a workflow's runs, oldest first, following the
 // continue-as-new chain back from the latest run.
 func (e *env) runsOf(id string) []string {
@@ -110,7 +135,13 @@ func (e *env) tabletOwnStatus(stream, tablet string) (workflows.TabletStatus, er
 // with (what the previous run carried across continue-as-new).
 func (e *env) explainTablets(stream string, ids []string) {
 	e.t.Helper()
+	status, _ := e.status(stream)
 	for _, id := range ids {
+		for _, row := range status.Tablets {
+			if row.ID == id {
+				e.t.Logf("%s/%s: the stream's row: %s %q seq %d updated %s", stream, id, row.State, row.Reason, row.Seq, row.Updated.Format("15:04:05.000000"))
+			}
+		}
 		wid := workflows.TabletWorkflowID(stream, id)
 		runs := e.runsOf(wid)
 		events := e.history(wid, "")
@@ -129,8 +160,8 @@ func (e *env) explainTablets(stream string, ids []string) {
 			}
 		}
 		own, err := e.tabletOwnStatus(stream, id)
-		e.t.Logf("%s: %d runs; latest run started with state {%s}; %d events; signals in it: %v; its own status: %s %q (%v)",
-			wid, len(runs), carried, len(events), kinds, own.State, own.Reason, err)
+		e.t.Logf("%s: %d runs; latest run started with state {%s}; %d events; signals in it: %v; its own status: %s %q seq %d (%v)",
+			wid, len(runs), carried, len(events), kinds, own.State, own.Reason, own.Seq, err)
 		// The reports the stream received from it, in the order it took
 		// them, over its last two runs.
 		sruns := e.runsOf(stream)
@@ -143,8 +174,8 @@ func (e *env) explainTablets(stream string, ids []string) {
 				for _, p := range a.GetInput().GetPayloads() {
 					var r workflows.TabletStatus
 					if json.Unmarshal(p.GetData(), &r) == nil && r.ID == id {
-						e.t.Logf("  stream run %s event %d at %s: report %s %q updated %s",
-							run[:8], ev.GetEventId(), ev.GetEventTime().AsTime().Format("15:04:05.000"), r.State, r.Reason, r.Updated.Format("15:04:05.000000"))
+						e.t.Logf("  stream run %s (%d of %d) event %d at %s: report %s %q seq %d updated %s",
+							run[:8], slices.Index(sruns, run)+1, len(sruns), ev.GetEventId(), ev.GetEventTime().AsTime().Format("15:04:05.000"), r.State, r.Reason, r.Seq, r.Updated.Format("15:04:05.000000"))
 					}
 				}
 			}
@@ -192,6 +223,12 @@ func (e *env) waitTablets(streams []string, n int, within time.Duration, states 
 // tablets cross continue-as-new while a command goes out).
 func TestStopPauseResumeUnderFrequentContinueAsNew(t *testing.T) {
 	const tablets = 24
+	// How long a command may take to reach all 72 tablets and their
+	// reports the streams. This test is about commands taking effect, not
+	// their speed: unloaded, it takes seconds; on a CI machine losing CPU to
+	// steal, tablets' workflow tasks take up to 10 s each and a pause of
+	// all of them took over a minute.
+	const commandWithin = 3 * time.Minute
 	addr := startDevServer(t, "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=40")
 	e := newEnvOn(t, addr, "--tablets", fmt.Sprint(tablets), "--rate", "200")
 	e.startWorker()
@@ -211,8 +248,7 @@ func TestStopPauseResumeUnderFrequentContinueAsNew(t *testing.T) {
 	e.waitTablets(streams, tablets, 2*time.Minute, running...)
 	phase("every tablet streaming")
 	var ids []string
-	st, err := e.status(streams[0])
-	require.NoError(t, err)
+	st := e.waitStatus(streams[0], "the stream's status", commandWithin, func(workflows.StreamStatus) (bool, string) { return true, "" })
 	for _, tab := range st.Tablets {
 		ids = append(ids, tab.ID)
 	}
@@ -274,16 +310,29 @@ func TestStopPauseResumeUnderFrequentContinueAsNew(t *testing.T) {
 	// ownState waits until every tablet workflow's own (latest) run says
 	// one of states too, not only the stream's rows.
 	ownState := func(states ...workflows.State) {
-		e.eventually(fmt.Sprintf("every tablet workflow's own status is one of %v", states), 30*time.Second, func() (bool, string) {
+		// A tablet seen in one of states once stays there (no command
+		// follows): a query a busy workflow does not answer in time is
+		// asked again, without asking the tablets already seen again.
+		seen := map[string]bool{}
+		e.eventually(fmt.Sprintf("every tablet workflow's own status is one of %v", states), commandWithin, func() (bool, string) {
+			var not []string
+			var last string
 			for _, s := range streams {
 				for _, id := range ids {
-					ts, err := e.tabletOwnStatus(s, id)
-					if err != nil || !slices.Contains(states, ts.State) {
-						return false, fmt.Sprintf("%s/%s: %s %v", s, id, ts.State, err)
+					wid := workflows.TabletWorkflowID(s, id)
+					if seen[wid] {
+						continue
 					}
+					ts, err := e.tabletOwnStatus(s, id)
+					if err == nil && slices.Contains(states, ts.State) {
+						seen[wid] = true
+						continue
+					}
+					not = append(not, wid)
+					last = fmt.Sprintf("%s: %s %v; %s", wid, ts.State, err, e.lastEvents(wid, 12))
 				}
 			}
-			return true, ""
+			return len(not) == 0, fmt.Sprintf("not yet %v; the last: %s", not, last)
 		})
 	}
 
@@ -294,7 +343,7 @@ func TestStopPauseResumeUnderFrequentContinueAsNew(t *testing.T) {
 	for _, s := range streams {
 		e.signal(s, "pause", `{}`)
 	}
-	e.waitTablets(streams, tablets, time.Minute, workflows.Paused)
+	e.waitTablets(streams, tablets, commandWithin, workflows.Paused)
 	ownState(workflows.Paused)
 	phase(fmt.Sprintf("paused: %d of %d tablet workflows continued as new meanwhile", crossed(before), len(before)))
 
@@ -302,7 +351,7 @@ func TestStopPauseResumeUnderFrequentContinueAsNew(t *testing.T) {
 	for _, s := range streams {
 		e.signal(s, "resume", `{}`)
 	}
-	e.waitTablets(streams, tablets, time.Minute, running...)
+	e.waitTablets(streams, tablets, commandWithin, running...)
 	ownState(running...)
 	phase(fmt.Sprintf("resumed: %d of %d tablet workflows continued as new meanwhile", crossed(before), len(before)))
 

@@ -138,8 +138,18 @@ func newEnvOn(t *testing.T, addr string, tabletdArgs ...string) *env {
 	e.temporal = c
 	t.Cleanup(func() {
 		if t.Failed() {
+			// TABLETFLOW_KEEP_LOGS=dir keeps a failed test's whole logs.
+			keep := os.Getenv("TABLETFLOW_KEEP_LOGS")
 			for _, p := range e.logs {
 				t.Logf("--- %s ---\n%s", filepath.Base(p.Log()), p.Tail())
+				if keep != "" {
+					if b, err := os.ReadFile(p.Log()); err == nil {
+						dst := filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_")+"-"+filepath.Base(p.Log()))
+						if os.MkdirAll(keep, 0o755) == nil && os.WriteFile(dst, b, 0o644) == nil {
+							t.Logf("kept %s", dst)
+						}
+					}
+				}
 			}
 		}
 	})
@@ -265,17 +275,20 @@ func summary(st workflows.StreamStatus) string {
 }
 
 // cli runs the Temporal CLI against the env's dev server. A command the
-// server refuses with "Workflow is busy" (it could not take the workflow's
-// lock in time: many signals at once on a loaded machine) is repeated, as
-// the README tells an operator to, for up to 30 s; any other error fails.
+// server refused without recording it — "Workflow is busy" (it could not
+// take the workflow's lock in time: many signals at once on a loaded
+// machine) or "workflow is closing" (it came as the run continued as new)
+// — is repeated, as the README tells an operator to, for up to 30 s; any
+// other error fails.
 func (e *env) cli(args ...string) string {
 	e.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		cmd := exec.Command(temporalCLI, append(args, "--address", e.addr)...)
 		out, err := cmd.CombinedOutput()
-		if err != nil && strings.Contains(string(out), "Workflow is busy") && time.Now().Before(deadline) {
-			e.t.Logf("temporal %v: workflow busy, repeating", args)
+		refused := strings.Contains(string(out), "Workflow is busy") || strings.Contains(string(out), "workflow is closing")
+		if err != nil && refused && time.Now().Before(deadline) {
+			e.t.Logf("temporal %v: refused (%s), repeating", args, strings.TrimSpace(string(out)))
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
