@@ -15,6 +15,7 @@ require (
 	go.temporal.io/sdk v1.51.0
 	go.temporal.io/sdk/contrib/envconfig v1.0.2
 	go.uber.org/zap v1.28.0
+	golang.org/x/sync v0.23.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
@@ -55,7 +56,6 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	go.yaml.in/yaml/v4 v4.0.0-rc.4 // indirect
 	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.3.0 // indirect

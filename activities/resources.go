@@ -9,8 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
@@ -33,6 +36,32 @@ type Resources struct {
 	mu      sync.Mutex
 	sources map[sourceKey]source.Source
 	sinks   map[sinkKey]sink.Sink
+	// listing shares topology reads between tablet pickers (see Tablets).
+	listing singleflight.Group
+}
+
+// Tablets lists a source's tablets for the tablet picker. Pickers asking
+// while a listing is under way share it: when an exclusion moves a hundred
+// tablets at once, they wait for one listing of the whole keyspace (a read
+// at most one call old) instead of each sending its own, which on two
+// cores took the picks from milliseconds to many seconds.
+func (r *Resources) Tablets(ctx context.Context, src source.Source) ([]source.Tablet, error) {
+	ch := r.listing.DoChan(fmt.Sprintf("%p", src), func() (any, error) {
+		// Not the first caller's context: its cancellation would fail
+		// every caller sharing the call.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		return src.ListTablets(lctx)
+	})
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return slices.Clone(res.Val.([]source.Tablet)), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // errUnknownKind: a config names an adapter this worker does not have, a

@@ -161,7 +161,7 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 		}
 	}
 	exclude := append(slices.Clone(in.Exclude), operator...)
-	tablets, err := src.ListTablets(ctx)
+	tablets, err := a.Resources.Tablets(ctx, src)
 	if err != nil {
 		return Selection{}, classified(src, err)
 	}
@@ -192,7 +192,9 @@ func (a *Activities) pickerWait() time.Duration {
 }
 
 // operatorExclusions returns the stream's operator exclude list: this
-// worker's watcher's copy if it is at most two polls old, else the
+// worker's watcher's copy while it watches the stream (however slowly the
+// stream answers: the watcher's next read corrects a pick made from it, as
+// it stops any GetChanges whose replica it finds excluded), else the
 // watcher's next query (shared by the tablets asking meanwhile), waited
 // for up to PickerQueryWait, else the list as last read here or as the
 // tablet last heard it; without a watcher, a query of its own.
@@ -202,6 +204,9 @@ func (a *Activities) operatorExclusions(ctx context.Context, in SelectReplicaInp
 		return nil, nil
 	}
 	if w := a.Watcher; w != nil && w.Client != nil {
+		if list, ok := w.Watched(stream); ok {
+			return list, nil
+		}
 		qctx, cancel := context.WithTimeout(ctx, a.pickerWait())
 		list, err := w.Exclusions(qctx, stream, 2*w.interval())
 		cancel()

@@ -674,37 +674,53 @@ func TestExclusionsOfAStreamSlowerThanTheIntervalAreRead(t *testing.T) {
 	require.Equal(t, testAlias, list[0].Alias)
 }
 
-// The tablet picker does not wait on a stream too busy to answer: after
-// PickerWait it picks with the exclude list as this worker last read it
-// (its tablets all paused meanwhile), or, never read here, as the tablet
-// last heard it; with neither it fails (and the tablet retries).
+// The tablet picker does not wait on a stream too busy to answer: while
+// this worker watches the stream it picks with the watcher's copy at once;
+// otherwise after PickerWait with the exclude list as this worker last
+// read it (its tablets all paused meanwhile), or, never read here, as the
+// tablet last heard it; with neither it fails (and the tablet retries).
 func TestPickerFallsBackToTheListAsLastKnownWhenTheStreamIsSlow(t *testing.T) {
 	read := config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}}
 	heard := config.ExcludeList{{Alias: "zone9-heard", Reason: "at the tablet's start"}}
 	for _, tc := range []struct {
 		name     string
 		readHere bool
+		watching bool // a GetChanges of the stream still runs here
 		fallback bool
 		want     config.ExcludeList
 	}{
-		{"last read here", true, true, read},
-		{"as the tablet heard it", false, true, heard},
-		{"neither", false, false, nil},
+		{"watched here now", true, true, true, read},
+		{"last read here", true, false, true, read},
+		{"as the tablet heard it", false, false, true, heard},
+		{"neither", false, false, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stream := &fakeStream{list: read}
-			w := &Watcher{Client: stream, Interval: 10 * time.Millisecond}
+			w := &Watcher{Client: stream, Interval: 10 * time.Millisecond, QueryTimeout: time.Hour}
 			if tc.readHere { // a GetChanges watched the stream, then ended
 				release := w.Watch(testStream)
 				_, err := w.Exclusions(context.Background(), testStream, time.Minute)
 				require.NoError(t, err)
-				release()
+				if tc.watching {
+					defer release()
+				} else {
+					release()
+				}
 			}
 			stream.mu.Lock()
 			stream.delay = time.Hour // the stream no longer answers in time
 			stream.list = nil
 			stream.mu.Unlock()
-			a := &Activities{Client: stream, Watcher: w, PickerWait: 50 * time.Millisecond}
+			wait := 50 * time.Millisecond
+			if tc.watching {
+				wait = time.Hour // the watched copy is used without waiting...
+				// ...however old: older than the two polls a fresh copy is.
+				require.Eventually(t, func() bool {
+					_, fresh := w.Fresh(testStream, 2*w.Interval, time.Now())
+					return !fresh
+				}, 5*time.Second, time.Millisecond)
+			}
+			a := &Activities{Client: stream, Watcher: w, PickerWait: wait}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			list, err := a.operatorExclusions(ctx, SelectReplicaInput{Stream: testStream, Tablet: testTablet, Operator: heard, OperatorFallback: tc.fallback})

@@ -147,6 +147,23 @@ func (w *Watcher) Fresh(stream string, maxAge time.Duration, now time.Time) (con
 	return slices.Clone(s.list), true
 }
 
+// Watched returns the stream's operator exclude list as last read if this
+// worker is watching the stream now (a GetChanges of it runs here) and has
+// read the list: whatever changes next, the watcher's next read wakes the
+// GetChanges it concerns.
+func (w *Watcher) Watched(stream string) (config.ExcludeList, bool) {
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.streams[stream]
+	if s == nil || s.read.IsZero() {
+		return nil, false
+	}
+	return slices.Clone(s.list), true
+}
+
 // LastRead returns the stream's operator exclude list as this worker last
 // read it, however long ago (ok false: never read here).
 func (w *Watcher) LastRead(stream string) (list config.ExcludeList, ok bool) {

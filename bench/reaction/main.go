@@ -401,6 +401,7 @@ func exclude(c client.Client, dir string, tablets, repeats int) (map[string]any,
 		return nil, err
 	}
 	var took []time.Duration
+	var split []stages
 	moved := 0
 	for range repeats {
 		st, err := b.streaming(name, tablets)
@@ -422,12 +423,14 @@ func exclude(c client.Client, dir string, tablets, repeats int) (map[string]any,
 			return nil, err
 		}
 		took = append(took, time.Since(t0))
+		split = append(split, b.stagesOf(name, on, t0))
 		if err := c.SignalWorkflow(context.Background(), name, "", workflows.CmdInclude,
 			json.RawMessage(fmt.Sprintf(`{"aliases": [%q]}`, alias))); err != nil {
 			return nil, err
 		}
 	}
-	return map[string]any{"timing": summarize(took), "tablets_moved_per_exclusion": float64(moved) / float64(repeats)}, nil
+	return map[string]any{"timing": summarize(took), "tablets_moved_per_exclusion": float64(moved) / float64(repeats),
+		"stages_per_trial": split}, nil
 }
 
 // down: a tablet server taken down; time until its tablets stream

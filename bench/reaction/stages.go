@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+// stages splits one exclude trial into where its time went, from the
+// workflows' histories: each stage is the latest, over the tablets that
+// moved, of when it happened (seconds after the signal was sent).
+type stages struct {
+	// StreamTook: the stream recorded the exclude signal.
+	StreamTook float64 `json:"stream_took_signal_s"`
+	// OldClosed: the tablets' GetChanges on the excluded replica closed.
+	OldClosed float64 `json:"old_getchanges_closed_s"`
+	// NewScheduled: their next GetChanges was scheduled (after the pick).
+	NewScheduled float64 `json:"new_getchanges_scheduled_s"`
+	// NewStarted: a worker started it.
+	NewStarted float64 `json:"new_getchanges_started_s"`
+	// TaskWait: how long the workflow task that reacts to the old
+	// GetChanges closing waited for a worker to start it (seconds).
+	TaskWait float64 `json:"workflow_task_wait_s"`
+}
+
+// stagesOf reads the stream's and the moved tablets' histories.
+func (b *bed) stagesOf(id string, tablets []string, t0 time.Time) stages {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	since := func(t time.Time) float64 { return round(t.Sub(t0).Seconds()) }
+	var s stages
+	it := b.temporal.GetWorkflowHistory(ctx, id, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	for it.HasNext() {
+		ev, err := it.Next()
+		if err != nil {
+			break
+		}
+		if a := ev.GetWorkflowExecutionSignaledEventAttributes(); a != nil && a.GetSignalName() == workflows.CmdExclude && ev.GetEventTime().AsTime().After(t0) {
+			s.StreamTook = since(ev.GetEventTime().AsTime())
+			break
+		}
+	}
+	for _, tab := range tablets {
+		wid := workflows.TabletWorkflowID(id, tab)
+		it := b.temporal.GetWorkflowHistory(ctx, wid, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		var closed, scheduled time.Time
+		var wftStarted time.Time
+		for it.HasNext() {
+			ev, err := it.Next()
+			if err != nil {
+				break
+			}
+			at := ev.GetEventTime().AsTime()
+			if at.Before(t0) {
+				continue
+			}
+			if ev.GetEventType() == enumspb.EVENT_TYPE_WORKFLOW_TASK_STARTED && !closed.IsZero() && wftStarted.IsZero() {
+				wftStarted = at
+			}
+			switch ev.GetEventType() {
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, enumspb.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+				enumspb.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT, enumspb.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
+				if closed.IsZero() {
+					closed = at
+				}
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+				if !closed.IsZero() && scheduled.IsZero() {
+					scheduled = at
+				}
+			}
+		}
+		s.OldClosed = max(s.OldClosed, since(closed))
+		if !closed.IsZero() && !wftStarted.IsZero() {
+			s.TaskWait = max(s.TaskWait, round(wftStarted.Sub(closed).Seconds()))
+		}
+		s.NewScheduled = max(s.NewScheduled, since(scheduled))
+		if d, err := b.temporal.DescribeWorkflowExecution(ctx, wid, ""); err == nil {
+			for _, p := range d.GetPendingActivities() {
+				if st := p.GetLastStartedTime(); st != nil && st.AsTime().After(t0) {
+					s.NewStarted = max(s.NewStarted, since(st.AsTime()))
+				}
+			}
+		}
+	}
+	return s
+}
