@@ -73,8 +73,9 @@ func (b *bed) close() {
 }
 
 var (
-	binDir string
-	server *testbed.DevServer
+	binDir        string
+	workerPollers int
+	server        *testbed.DevServer
 )
 
 func run() error {
@@ -83,6 +84,7 @@ func run() error {
 	repeats := flag.Int("repeats", 20, "repetitions (trials) of each reaction")
 	cases := flag.String("cases", "mismatch,exclude,down,isolation", "comma-separated reactions to measure")
 	excludeAt := flag.String("exclude-tablets", "64,256", "comma-separated tablet counts for the exclude reaction")
+	flag.IntVar(&workerPollers, "pollers", 0, "the worker's --pollers (0: its default)")
 	flag.Parse()
 	want := map[string]bool{}
 	for _, c := range strings.Split(*cases, ",") {
@@ -172,8 +174,11 @@ func newBed(c client.Client, dir, name string, tabletdArgs ...string) (*bed, err
 	if err != nil {
 		return nil, err
 	}
-	w, err := testbed.Start(filepath.Join(d, "worker.log"), filepath.Join(binDir, "worker"),
-		"--address", server.Addr, "--task-queue", "tq-"+name, "--log-level", "warn")
+	wargs := []string{"--address", server.Addr, "--task-queue", "tq-" + name, "--log-level", "warn"}
+	if workerPollers > 0 {
+		wargs = append(wargs, "--pollers", strconv.Itoa(workerPollers))
+	}
+	w, err := testbed.Start(filepath.Join(d, "worker.log"), filepath.Join(binDir, "worker"), wargs...)
 	if err != nil {
 		td.Stop()
 		return nil, err
