@@ -43,8 +43,7 @@ type Resources struct {
 // Tablets lists a source's tablets for the tablet picker. Pickers asking
 // while a listing is under way share it: when an exclusion moves a hundred
 // tablets at once, they wait for one listing of the whole keyspace (a read
-// at most one call old) instead of each sending its own, which on two
-// cores took the picks from milliseconds to many seconds.
+// at most one call old) instead of each sending its own.
 func (r *Resources) Tablets(ctx context.Context, src source.Source) ([]source.Tablet, error) {
 	ch := r.listing.DoChan(fmt.Sprintf("%p", src), func() (any, error) {
 		// Not the first caller's context: its cancellation would fail

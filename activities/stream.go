@@ -126,12 +126,13 @@ type SelectReplicaInput struct {
 	OperatorFallback bool               `json:"operatorFallback,omitempty"`
 }
 
-// PickerQueryWait (Activities.PickerWait when set) bounds how long the tablet picker waits for the stream
-// to answer its exclude-list query. A stream busy with hundreds of tablets
-// reporting at once (a resume of every tablet) can take seconds; the
-// picker then picks with the list as last read and GetChanges, which
-// checks the watcher's list at every batch boundary, leaves a replica
-// excluded meanwhile as soon as the watcher reads the list.
+// PickerQueryWait (Activities.PickerWait when set) bounds how long the
+// tablet picker waits for the stream to answer its exclude-list query. A
+// stream busy with hundreds of tablets reporting at once (a resume of
+// every tablet) can take seconds; the picker then picks with the list as
+// last read, and GetChanges, which checks the watcher's list at every
+// batch boundary, leaves a replica excluded meanwhile as soon as the
+// watcher reads the list.
 const PickerQueryWait = 2 * time.Second
 
 // Selection is the picker's choice.

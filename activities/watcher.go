@@ -170,11 +170,11 @@ func (w *Watcher) LastRead(stream string) (list config.ExcludeList, ok bool) {
 	if w == nil {
 		return nil, false
 	}
+	if list, ok := w.Watched(stream); ok {
+		return list, true
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if s := w.streams[stream]; s != nil && !s.read.IsZero() {
-		return slices.Clone(s.list), true
-	}
 	list, ok = w.last[stream]
 	return slices.Clone(list), ok
 }
