@@ -77,8 +77,8 @@ func (b *bed) stagesOf(id string, tablets []string, t0 time.Time) stages {
 			s.TaskWait = max(s.TaskWait, round(wftStarted.Sub(closed).Seconds()))
 		}
 		s.NewScheduled = max(s.NewScheduled, since(scheduled))
-		if d, err := b.temporal.DescribeWorkflowExecution(ctx, wid, ""); err == nil {
-			for _, p := range d.GetPendingActivities() {
+		if d, err := b.temporal.DescribeWorkflow(ctx, wid, ""); err == nil {
+			for _, p := range d.RawResponse.GetPendingActivities() {
 				if st := p.GetLastStartedTime(); st != nil && st.AsTime().After(t0) {
 					s.NewStarted = max(s.NewStarted, since(st.AsTime()))
 				}
