@@ -114,7 +114,7 @@ type SelectReplicaInput struct {
 	Selection config.Selection `json:"selection"`
 	// Exclude is the tablet's own (automatic) exclude list; the stream's
 	// operator list is read with the QueryExclusions query (or this
-	// worker's watcher's fresh copy of it)...
+	// worker's watcher's copy of it)...
 	Exclude config.ExcludeList `json:"exclude"`
 	// ...unless OperatorKnown: then Operator is that list, as the stream
 	// passed it when it started the tablet. With OperatorFallback instead,
@@ -209,7 +209,7 @@ func (a *Activities) operatorExclusions(ctx context.Context, in SelectReplicaInp
 			return list, nil
 		}
 		qctx, cancel := context.WithTimeout(ctx, a.pickerWait())
-		list, err := w.Exclusions(qctx, stream, 2*w.interval())
+		list, err := w.Exclusions(qctx, stream)
 		cancel()
 		if err == nil || ctx.Err() != nil {
 			return list, err

@@ -633,7 +633,7 @@ func TestGetChangesWaitingForAReadStopsWhenItsReplicaIsExcluded(t *testing.T) {
 	require.Equal(t, cp(3), res.Checkpoint)
 }
 
-// Tablets picking replicas at once, with no fresh copy of the exclude
+// Tablets picking replicas at once, with no copy of the exclude
 // list on the worker, share one query of the stream instead of sending
 // one each.
 func TestExclusionsAskedAtOnceShareOneQuery(t *testing.T) {
@@ -643,7 +643,7 @@ func TestExclusionsAskedAtOnceShareOneQuery(t *testing.T) {
 	errs := make(chan error, 20)
 	for range 20 {
 		wg.Go(func() {
-			list, err := w.Exclusions(context.Background(), testStream, time.Minute)
+			list, err := w.Exclusions(context.Background(), testStream)
 			if err == nil && (len(list) != 1 || list[0].Alias != testAlias) {
 				err = fmt.Errorf("got %v", list)
 			}
@@ -668,7 +668,7 @@ func TestExclusionsOfAStreamSlowerThanTheIntervalAreRead(t *testing.T) {
 	w := &Watcher{Client: stream, Interval: 20 * time.Millisecond}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	list, err := w.Exclusions(ctx, testStream, time.Minute)
+	list, err := w.Exclusions(ctx, testStream)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	require.Equal(t, testAlias, list[0].Alias)
@@ -699,7 +699,7 @@ func TestPickerFallsBackToTheListAsLastKnownWhenTheStreamIsSlow(t *testing.T) {
 			w := &Watcher{Client: stream, Interval: 10 * time.Millisecond, QueryTimeout: time.Hour}
 			if tc.readHere { // a GetChanges watched the stream, then ended
 				release := w.Watch(testStream)
-				_, err := w.Exclusions(context.Background(), testStream, time.Minute)
+				_, err := w.Exclusions(context.Background(), testStream)
 				require.NoError(t, err)
 				if tc.watching {
 					defer release()
@@ -713,12 +713,7 @@ func TestPickerFallsBackToTheListAsLastKnownWhenTheStreamIsSlow(t *testing.T) {
 			stream.mu.Unlock()
 			wait := 50 * time.Millisecond
 			if tc.watching {
-				wait = time.Hour // the watched copy is used without waiting...
-				// ...however old: older than the two polls a fresh copy is.
-				require.Eventually(t, func() bool {
-					_, fresh := w.Fresh(testStream, 2*w.Interval, time.Now())
-					return !fresh
-				}, 5*time.Second, time.Millisecond)
+				wait = time.Hour // the watched copy is used without waiting
 			}
 			a := &Activities{Client: stream, Watcher: w, PickerWait: wait}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -129,24 +129,6 @@ func (w *Watcher) interval() time.Duration {
 	return w.Interval
 }
 
-// Fresh returns the stream's operator exclude list if this worker read it
-// within maxAge (it does while the stream has a GetChanges running here), so
-// the tablet picker need not query the stream again: when one replica is
-// excluded, every tablet that read it re-selects at once, and a query each
-// would pile up on the stream workflow.
-func (w *Watcher) Fresh(stream string, maxAge time.Duration, now time.Time) (config.ExcludeList, bool) {
-	if w == nil {
-		return nil, false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	s := w.streams[stream]
-	if s == nil || s.read.IsZero() || now.Sub(s.read) > maxAge {
-		return nil, false
-	}
-	return slices.Clone(s.list), true
-}
-
 // Watched returns the stream's operator exclude list as last read if this
 // worker is watching the stream now (a GetChanges of it runs here) and has
 // read the list: whatever changes next, the watcher's next read wakes the
@@ -179,38 +161,31 @@ func (w *Watcher) LastRead(stream string) (list config.ExcludeList, ok bool) {
 	return slices.Clone(list), ok
 }
 
-// Exclusions returns the stream's operator exclude list as read within
-// maxAge; without such a copy it watches the stream (one query, shared by
-// every caller waiting meanwhile) until a query answers or fails. When a
+// Exclusions waits for the watcher's next query of the stream's operator
+// exclude list (watching the stream meanwhile) and returns its answer or
+// its error. Every caller waiting meanwhile shares that one query: when a
 // stream's tablets all pick a replica at once (a resume, a worker start),
-// they wait for one query instead of sending one each, which would pile
-// up on the stream workflow (and time the pickers out).
-func (w *Watcher) Exclusions(ctx context.Context, stream string, maxAge time.Duration) (config.ExcludeList, error) {
-	if list, ok := w.Fresh(stream, maxAge, time.Now()); ok {
-		return list, nil
-	}
+// they do not send one each, which would pile up on the stream workflow
+// (and time the pickers out). A caller that can use the list as already
+// read asks Watched first.
+func (w *Watcher) Exclusions(ctx context.Context, stream string) (config.ExcludeList, error) {
 	release := w.Watch(stream)
 	defer release()
-	for {
-		w.mu.Lock()
-		s := w.streams[stream]
-		tried := s.tried
-		w.mu.Unlock()
-		select {
-		case <-tried:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("query the stream's exclude list: %w", ctx.Err())
-		}
-		w.mu.Lock()
-		list, read, err := slices.Clone(s.list), s.read, s.lastErr
-		w.mu.Unlock()
-		switch {
-		case err != nil:
-			return nil, fmt.Errorf("query the stream's exclude list: %w", err)
-		case time.Since(read) <= maxAge:
-			return list, nil
-		}
+	w.mu.Lock()
+	s := w.streams[stream]
+	tried := s.tried
+	w.mu.Unlock()
+	select {
+	case <-tried:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("query the stream's exclude list: %w", ctx.Err())
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s.lastErr != nil {
+		return nil, fmt.Errorf("query the stream's exclude list: %w", s.lastErr)
+	}
+	return slices.Clone(s.list), nil
 }
 
 func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
