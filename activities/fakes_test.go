@@ -55,9 +55,12 @@ type pollFunc func(ctx context.Context, n int, req source.ChangesRequest) (sourc
 type fakeSource struct {
 	log  *callLog
 	poll pollFunc
+	// replicas are the test tablet's (nil: testAlias alone).
+	replicas []source.Replica
 
-	mu   sync.Mutex
-	reqs []source.ChangesRequest
+	mu      sync.Mutex
+	reqs    []source.ChangesRequest
+	readers []string // the replica each of reqs went to
 }
 
 var _ source.Source = (*fakeSource)(nil)
@@ -67,11 +70,14 @@ func (s *fakeSource) EnsureStream(context.Context, source.StreamSpec) (source.St
 }
 func (s *fakeSource) DeleteStream(context.Context, string) error { return nil }
 func (s *fakeSource) ListTablets(context.Context) ([]source.Tablet, error) {
-	return []source.Tablet{{ID: testTablet, Replicas: []source.Replica{
-		{Tablet: testTablet, Alias: testAlias, Serving: true, Healthy: true}}}}, nil
+	replicas := s.replicas
+	if replicas == nil {
+		replicas = []source.Replica{{Tablet: testTablet, Alias: testAlias, Serving: true, Healthy: true}}
+	}
+	return []source.Tablet{{ID: testTablet, Replicas: replicas}}, nil
 }
-func (s *fakeSource) OpenReplica(context.Context, source.Replica) (source.ReplicaReader, error) {
-	return fakeReader{s}, nil
+func (s *fakeSource) OpenReplica(_ context.Context, r source.Replica) (source.ReplicaReader, error) {
+	return fakeReader{s, r.Alias}, nil
 }
 func (s *fakeSource) Close() error { return nil }
 
@@ -82,6 +88,13 @@ func (s *fakeSource) Classify(err error) source.Classification {
 	return source.Classification{Action: source.Fatal, Reason: "UNKNOWN"}
 }
 
+// readersOf returns the replica each GetChanges request so far went to.
+func (s *fakeSource) readersOf() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.readers...)
+}
+
 // requests returns the GetChanges requests so far.
 func (s *fakeSource) requests() []source.ChangesRequest {
 	s.mu.Lock()
@@ -89,12 +102,16 @@ func (s *fakeSource) requests() []source.ChangesRequest {
 	return append([]source.ChangesRequest(nil), s.reqs...)
 }
 
-type fakeReader struct{ s *fakeSource }
+type fakeReader struct {
+	s     *fakeSource
+	alias string
+}
 
 func (r fakeReader) GetChanges(ctx context.Context, req source.ChangesRequest) (source.Batch, error) {
 	r.s.mu.Lock()
 	n := len(r.s.reqs)
 	r.s.reqs = append(r.s.reqs, req)
+	r.s.readers = append(r.s.readers, r.alias)
 	r.s.mu.Unlock()
 	return r.s.poll(ctx, n, req)
 }

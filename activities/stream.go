@@ -161,16 +161,22 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 			return Selection{}, err
 		}
 	}
-	exclude := append(slices.Clone(in.Exclude), operator...)
+	return a.pick(ctx, src, in.Stream, in.Tablet, in.Selection, append(slices.Clone(in.Exclude), operator...))
+}
+
+// pick is the tablet picker's choice among the tablet's replicas as the
+// topology lists them now, skipping those on exclude (package picker).
+func (a *Activities) pick(ctx context.Context, src source.Source, stream, tablet string, selection config.Selection,
+	exclude config.ExcludeList) (Selection, error) {
 	tablets, err := a.Resources.Tablets(ctx, src)
 	if err != nil {
 		return Selection{}, classified(src, err)
 	}
 	for _, t := range tablets {
-		if t.ID != in.Tablet {
+		if t.ID != tablet {
 			continue
 		}
-		opts := picker.FromConfig(in.Selection)
+		opts := picker.FromConfig(selection)
 		now := a.now()
 		cands, _ := picker.Candidates(t, opts, exclude, now)
 		r, err := picker.Pick(t, opts, exclude, now, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
@@ -178,11 +184,11 @@ func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (
 			return Selection{}, temporal.NewNonRetryableApplicationError(err.Error(), ErrNoEligibleReplica, err)
 		}
 		if err == nil {
-			a.Metrics.Selected(in.Stream, r.Cell)
+			a.Metrics.Selected(stream, r.Cell)
 		}
 		return Selection{Replica: r, Candidates: len(cands), Fallback: err == nil && !picker.Preferred(t, opts, r)}, err
 	}
-	return Selection{}, fatalf("tablet %s: %v", in.Tablet, source.ErrUnknownTablet)
+	return Selection{}, fatalf("tablet %s: %v", tablet, source.ErrUnknownTablet)
 }
 
 func (a *Activities) pickerWait() time.Duration {

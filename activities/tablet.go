@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"go.temporal.io/sdk/activity"
@@ -70,6 +71,18 @@ type GetChangesInput struct {
 	// Retention is the source's retention, for the headroom metric (0:
 	// unknown).
 	Retention time.Duration `json:"retention,omitempty"`
+	// Reroute, when set, lets the run leave a replica the operator
+	// excludes by itself (see GetChanges); the tablet workflow sets it
+	// from changeInPlaceReroute on.
+	Reroute *Reroute `json:"reroute,omitempty"`
+}
+
+// Reroute is what GetChanges needs to pick another replica in place: the
+// tablet picker's settings and the tablet's own (automatic) exclude list
+// as the run started (the operator's list is the watcher's copy).
+type Reroute struct {
+	Selection config.Selection   `json:"selection"`
+	Exclude   config.ExcludeList `json:"exclude,omitempty"`
 }
 
 // GetChangesResult is where a run got to. Records never travel here.
@@ -85,6 +98,9 @@ type GetChangesResult struct {
 	// Stopped says why the run ended: "run ended", "cancelled",
 	// "worker stopping", "replica excluded: …".
 	Stopped string `json:"stopped"`
+	// Switched is the replica the run moved to in place, last (nil: it
+	// read in.Replica throughout).
+	Switched *Selection `json:"switched,omitempty"`
 }
 
 // slotEvery: how often GetChanges reads its replica's slot statistics.
@@ -103,6 +119,9 @@ type Heartbeat struct {
 	LastError  string            `json:"lastError,omitempty"`
 	// LastSuccess is when a poll last succeeded, for retention headroom.
 	LastSuccess time.Time `json:"lastSuccess,omitzero"`
+	// Switched: the replica an earlier attempt moved to in place, which
+	// the next attempt reads instead of in.Replica.
+	Switched *Selection `json:"switched,omitempty"`
 }
 
 // Progress is the SignalProgress payload.
@@ -112,6 +131,9 @@ type Progress struct {
 	Attempt   int32  `json:"attempt"`
 	LastError string `json:"lastError,omitempty"`
 	Replica   string `json:"replica"`
+	// Switched is set when the run moved to Replica in place, because the
+	// operator excluded the one it read: the tablet's selection now.
+	Switched *Selection `json:"switched,omitempty"`
 }
 
 // commitTimeout bounds a commit or an ack, which run on a context that
@@ -124,9 +146,13 @@ const commitTimeout = 30 * time.Second
 // in.Batch.Linger: the group commit) and acknowledging committed
 // checkpoints to the source between its reads. It returns after in.RunFor,
 // on cancellation, when the worker stops or when the operator excludes its
-// replica, always at a batch boundary after a commit. On a retry
-// it resumes from the later of the heartbeat, the sink's stored checkpoint
-// and in.Checkpoint; a sink that is behind a checkpoint committed to it
+// replica, always at a batch boundary after a commit. With in.Reroute it
+// leaves an excluded replica in place instead: the picker chooses another
+// (reroute), which is read on from the committed checkpoint, and the
+// tablet workflow hears of it (Progress.Switched, then the result's
+// Switched); the run ends only when there is none. On a retry it
+// resumes (on the replica it moved to, if it did) from the later of the
+// heartbeat, the sink's stored checkpoint and in.Checkpoint; a sink that is behind a checkpoint committed to it
 // (lost data) is SinkFailed, except a sink that holds nothing yet for a
 // tablet still at in.Start. Heartbeats carry the latest committed progress
 // and are recorded after every batch and, while the heartbeat timeout is
@@ -138,22 +164,28 @@ const commitTimeout = 30 * time.Second
 // Fenced, SinkUnavailable or SinkFailed (classifySink).
 func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetChangesResult, error) {
 	info := activity.GetInfo(ctx)
-	log := a.logger().With(zap.String("stream", in.Stream), zap.String("tablet", in.Tablet),
-		zap.String("replica", in.Replica.Alias), zap.Int32("attempt", info.Attempt))
 	var hb Heartbeat
 	if activity.HasHeartbeatDetails(ctx) {
 		_ = activity.GetHeartbeatDetails(ctx, &hb)
 	}
 	// Counts carry over from earlier attempts of this run, so records a
-	// failed attempt committed are not lost from the tablet's counters.
-	res := GetChangesResult{Checkpoint: source.Max(in.Checkpoint, hb.Checkpoint), Records: hb.Records, Batches: hb.Batches}
+	// failed attempt committed are not lost from the tablet's counters;
+	// so does a move to another replica.
+	res := GetChangesResult{Checkpoint: source.Max(in.Checkpoint, hb.Checkpoint), Records: hb.Records, Batches: hb.Batches,
+		Switched: hb.Switched}
+	replica := in.Replica
+	if hb.Switched != nil {
+		replica = hb.Switched.Replica
+	}
+	base := a.logger().With(zap.String("stream", in.Stream), zap.String("tablet", in.Tablet), zap.Int32("attempt", info.Attempt))
+	log := base.With(zap.String("replica", replica.Alias))
 	lastSuccess := hb.LastSuccess
 	if lastSuccess.IsZero() {
 		lastSuccess = a.now()
 	}
 	progress := func(lastError string) Heartbeat {
 		return Heartbeat{Checkpoint: res.Checkpoint, Records: res.Records, Batches: res.Batches,
-			LastError: lastError, LastSuccess: lastSuccess}
+			LastError: lastError, LastSuccess: lastSuccess, Switched: res.Switched}
 	}
 	// Until this attempt commits, its heartbeat says why the last one failed.
 	beat := startHeartbeats(func(d Heartbeat) { activity.RecordHeartbeat(ctx, d) }, progress(hb.LastError), info.HeartbeatTimeout/3)
@@ -175,11 +207,11 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		return res, fatalf("%v", err)
 	}
 	if info.Attempt > 1 {
-		a.signal(ctx, info, Progress{State: "Retrying", Attempt: info.Attempt, LastError: hb.LastError, Replica: in.Replica.Alias})
+		a.signal(ctx, info, Progress{State: "Retrying", Attempt: info.Attempt, LastError: hb.LastError, Replica: replica.Alias})
 		// Retry same, as Vitess means it: first ask the topology about the
 		// replica; if it is down, not serving or unhealthy, re-select now.
-		if why := replicaTrouble(ctx, src, in.Tablet, in.Replica.Alias); why != "" {
-			return res, unhealthy(in.Replica.Alias, why, res.Checkpoint)
+		if why := replicaTrouble(ctx, src, in.Tablet, replica.Alias); why != "" {
+			return res, unhealthy(replica.Alias, why, res.Checkpoint)
 		}
 	}
 	snk, err := a.Resources.Sink(in.Sink, in.Stream)
@@ -187,7 +219,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		return res, fatalf("%v", err)
 	}
 	if err != nil {
-		return res, sinkError(fmt.Errorf("sink of stream %s: %w", in.Stream, err), in.Replica.Alias, res.Checkpoint)
+		return res, sinkError(fmt.Errorf("sink of stream %s: %w", in.Stream, err), replica.Alias, res.Checkpoint)
 	}
 	w, err := snk.Open(ctx, in.Tablet)
 	if err != nil {
@@ -195,7 +227,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			res.Stopped = "cancelled"
 			return res, nil
 		}
-		return res, sinkError(fmt.Errorf("open sink for tablet %s: %w", in.Tablet, err), in.Replica.Alias, res.Checkpoint)
+		return res, sinkError(fmt.Errorf("open sink for tablet %s: %w", in.Tablet, err), replica.Alias, res.Checkpoint)
 	}
 	defer w.Close()
 	// Everything committed before (the workflow's checkpoint, an earlier
@@ -204,28 +236,29 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	// its hand-off.
 	if stored := w.Checkpoint(); stored.Compare(res.Checkpoint) < 0 && !(stored.IsZero() && res.Checkpoint == in.Start) {
 		log.Error("sink is behind the checkpoint committed to it", zap.Stringer("sink", stored), zap.Stringer("checkpoint", res.Checkpoint))
-		return res, sinkBehind(stored, res.Checkpoint, in.Replica.Alias)
+		return res, sinkBehind(stored, res.Checkpoint, replica.Alias)
 	}
 	res.Checkpoint = source.Max(res.Checkpoint, w.Checkpoint())
 	beat.update(progress(hb.LastError))
-	rd, err := src.OpenReplica(ctx, in.Replica)
+	// open starts reading a replica from the committed checkpoint.
+	open := func(r source.Replica, log *zap.Logger) (*reading, error) {
+		rd, err := src.OpenReplica(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		slots, _ := rd.(source.SlotReporter)
+		return &reading{rd: rd, slots: slots, pl: startPoller(ctx, rd, source.ChangesRequest{
+			Stream: in.Stream, Tablet: in.Tablet, From: res.Checkpoint,
+			MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(),
+		}, in.Batch.LingerD(), a.now, log, a.Metrics)}, nil
+	}
+	cur, err := open(replica, log)
 	if err != nil {
 		return fail(err)
 	}
-	if c, ok := rd.(io.Closer); ok { // a reader holding a connection (postgres)
-		defer c.Close()
-	}
-
-	slots, _ := rd.(source.SlotReporter)
+	defer func() { cur.close() }()
 	var slotRead time.Time
 	defer a.Watcher.Watch(in.Stream)()
-	// Registered after the reader's Close, so it runs before it: the poller
-	// gives the reader back (and sends the last ack) first.
-	pl := startPoller(ctx, rd, source.ChangesRequest{
-		Stream: in.Stream, Tablet: in.Tablet, From: res.Checkpoint,
-		MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(),
-	}, in.Batch.LingerD(), a.now, log, a.Metrics)
-	defer pl.stop()
 	deadline := a.now().Add(in.RunFor.D())
 	runEnds := time.NewTimer(in.RunFor.D())
 	defer runEnds.Stop()
@@ -233,24 +266,25 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	defer recheck.Stop()
 	recovered := info.Attempt == 1
 	stop := activity.GetWorkerStopChannel(ctx)
-	// why returns why the run must end now, or "".
-	why := func() string {
+	// why returns why the run must end now, or ""; excluded says the
+	// operator excluded its replica, which it may leave in place instead.
+	why := func() (reason string, excluded bool) {
 		select {
 		case <-ctx.Done():
-			return "cancelled"
+			return "cancelled", false
 		case <-stop:
-			return "worker stopping"
+			return "worker stopping", false
 		default:
 		}
 		if !a.now().Before(deadline) {
-			return StoppedRunEnded
+			return StoppedRunEnded, false
 		}
-		if e, ok := a.Watcher.Excluded(in.Stream, in.Tablet, in.Replica.Alias, a.now()); ok {
+		if e, ok := a.Watcher.Excluded(in.Stream, in.Tablet, replica.Alias, a.now()); ok {
 			a.Metrics.Excluded(in.Stream, in.Tablet, "operator")
-			log.Info("replica excluded by the operator; stopping to re-select", zap.String("reason", e.Reason))
-			return "replica excluded: " + e.Reason
+			log.Info("replica excluded by the operator", zap.String("reason", e.Reason))
+			return "replica excluded: " + e.Reason, true
 		}
-		return ""
+		return "", false
 	}
 	// committed takes a commit group into the sink and the run's progress.
 	committed := func(group []polled) error {
@@ -260,11 +294,11 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		if err != nil {
 			c := classifySink(err)
 			log.Warn("sink failed", zap.Error(err), zap.String("type", c.Type), zap.String("reason", c.Reason))
-			return sinkError(err, in.Replica.Alias, res.Checkpoint)
+			return sinkError(err, replica.Alias, res.Checkpoint)
 		}
 		if last.Checkpoint.Compare(res.Checkpoint) > 0 {
 			res.Checkpoint = last.Checkpoint
-			pl.ack(res.Checkpoint)
+			cur.pl.ack(res.Checkpoint)
 		}
 		res.Records += int64(n)
 		res.Batches++
@@ -274,10 +308,10 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			res.LagSeconds = a.now().Sub(last.Records[len(last.Records)-1].CommitTime).Seconds()
 		}
 		lastSuccess = a.now()
-		if slots != nil && lastSuccess.Sub(slotRead) >= slotEvery {
+		if cur.slots != nil && lastSuccess.Sub(slotRead) >= slotEvery {
 			slotRead = lastSuccess
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if st, err := slots.SlotStats(sctx, in.Stream); err == nil {
+			if st, err := cur.slots.SlotStats(sctx, in.Stream); err == nil {
 				res.Slot = &st
 				a.Metrics.SlotStats(in.Stream, in.Tablet, st.LagBytes, st.SafeWALBytes)
 			}
@@ -290,7 +324,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		beat.set(progress(""))
 		if !recovered {
 			recovered = true
-			a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: in.Replica.Alias})
+			a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias})
 		}
 		log.Debug("batch committed", zap.Int("records", n), zap.Int("polls", len(group)),
 			zap.Stringer("checkpoint", res.Checkpoint), zap.Duration("took", a.now().Sub(began)))
@@ -300,11 +334,12 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		// Wait for a poll, looking out for the end of the run meanwhile.
 		var first polled
 		for waiting := true; waiting; {
-			if res.Stopped = why(); res.Stopped != "" {
+			stopping, excluded := why()
+			if stopping != "" {
 				// A batch already read (the poller reads one ahead) is
 				// committed rather than read again by the next run.
 				select {
-				case p := <-pl.out:
+				case p := <-cur.pl.out:
 					if p.err == nil {
 						if err := committed([]polled{p}); err != nil {
 							return res, err
@@ -312,10 +347,31 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 					}
 				default:
 				}
+				if excluded {
+					if next, ok := a.reroute(ctx, src, in, replica.Alias, log); ok {
+						// Leave the excluded replica in place: no round
+						// trip through the tablet workflow and the
+						// server's task queues, which take seconds when
+						// an exclusion moves hundreds of tablets at once.
+						cur.close()
+						nlog := base.With(zap.String("replica", next.Replica.Alias))
+						r, err := open(next.Replica, nlog)
+						if err == nil {
+							log.Info("moved to another replica in place", zap.String("to", next.Replica.Alias))
+							cur, replica, log, res.Switched, slotRead = r, next.Replica, nlog, &next, time.Time{}
+							beat.set(progress(""))
+							a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next})
+							continue
+						}
+						log.Warn("could not open the replica picked in place; the tablet selects again",
+							zap.String("to", next.Replica.Alias), zap.Error(err))
+					}
+				}
+				res.Stopped = stopping
 				return res, nil
 			}
 			select {
-			case first = <-pl.out:
+			case first = <-cur.pl.out:
 				waiting = false
 			case <-ctx.Done():
 			case <-stop:
@@ -324,7 +380,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			case <-recheck.C:
 			}
 		}
-		group, failed := gather(pl, first, in.Batch)
+		group, failed := gather(cur.pl, first, in.Batch)
 		if len(group) > 0 {
 			if err := committed(group); err != nil {
 				return res, err
@@ -347,8 +403,58 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		case source.RetryElsewhere:
 			a.Metrics.Excluded(in.Stream, in.Tablet, "automatic")
 		}
-		return res, typed(c, err, in.Replica.Alias, res.Checkpoint)
+		return res, typed(c, err, replica.Alias, res.Checkpoint)
 	}
+}
+
+// reading is one replica being read: its reader and the poller that owns
+// it until close.
+type reading struct {
+	rd     source.ReplicaReader
+	slots  source.SlotReporter // nil: the source keeps no slots
+	pl     *poller
+	closed bool
+}
+
+// close stops the poller, which sends the last ack, then closes a reader
+// that holds a connection (postgres). Closing twice is a no-op.
+func (r *reading) close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.pl.stop()
+	if c, ok := r.rd.(io.Closer); ok {
+		_ = c.Close()
+	}
+}
+
+// rerouteTimeout bounds the topology read of a move in place.
+const rerouteTimeout = 5 * time.Second
+
+// reroute picks the replica a run moves to in place when the operator
+// excludes the one it reads: the tablet picker over the topology as it is
+// now, skipping the tablet's own exclusions (as at the run's start) and
+// the operator's list as this worker's watcher read it. ok is false when
+// the run was not asked to (in.Reroute nil), the list or the topology
+// cannot be read, or no other replica is eligible: the run then ends and
+// the tablet workflow selects, as it always did.
+func (a *Activities) reroute(ctx context.Context, src source.Source, in GetChangesInput, from string, log *zap.Logger) (Selection, bool) {
+	if in.Reroute == nil {
+		return Selection{}, false
+	}
+	operator, ok := a.Watcher.Watched(in.Stream)
+	if !ok {
+		return Selection{}, false
+	}
+	pctx, cancel := context.WithTimeout(ctx, rerouteTimeout)
+	defer cancel()
+	sel, err := a.pick(pctx, src, in.Stream, in.Tablet, in.Reroute.Selection, append(slices.Clone(in.Reroute.Exclude), operator...))
+	if err != nil || sel.Replica.Alias == from {
+		log.Info("no replica to move to in place; the run ends and the tablet selects", zap.Error(err))
+		return Selection{}, false
+	}
+	return sel, true
 }
 
 // oldestCommitTime is the source commit time of a group's first record

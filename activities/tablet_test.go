@@ -569,9 +569,21 @@ type fakeStream struct {
 	list    config.ExcludeList
 	delay   time.Duration
 	queries int
+	signals []any // what the activities signalled, in order
 }
 
-func (f *fakeStream) SignalWorkflow(context.Context, string, string, string, any) error { return nil }
+func (f *fakeStream) SignalWorkflow(_ context.Context, _, _, _ string, arg any) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.signals = append(f.signals, arg)
+	return nil
+}
+
+func (f *fakeStream) signalled() []any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.signals)
+}
 
 func (f *fakeStream) QueryWorkflow(ctx context.Context, _, _, _ string, _ ...any) (converter.EncodedValue, error) {
 	f.mu.Lock()

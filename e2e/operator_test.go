@@ -14,9 +14,11 @@ import (
 	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
@@ -138,6 +140,7 @@ func TestOperatorExclusionMovesTabletsOffAReplica(t *testing.T) {
 	e.startStream("opx", e.config(out, nil))
 	st := e.waitStatus("opx", "every tablet streaming", time.Minute, allStreaming(8))
 	alias := busiest(st)
+	before := st
 
 	e.signal("opx", "exclude", fmt.Sprintf(`{"aliases": [%q], "reason": "maintenance"}`, alias))
 	st = e.waitStatus("opx", "no tablet reads "+alias, 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
@@ -148,6 +151,19 @@ func TestOperatorExclusionMovesTabletsOffAReplica(t *testing.T) {
 	})
 	require.Equal(t, "maintenance", st.Exclude[0].Reason)
 	require.True(t, st.Exclude[0].Expires.IsZero(), "no TTL: until included")
+	// The tablets left it in place: their runs moved, with no new run.
+	recorded := false
+	for _, tab := range before.Tablets {
+		if tab.Replica != alias {
+			continue
+		}
+		wid := workflows.TabletWorkflowID("opx", tab.ID)
+		require.True(t, e.movedInPlace(wid, alias), "tablet %s did not move in place: %s", tab.ID, e.lastEvents(wid, 12))
+		if !recorded {
+			recorded = true
+			e.recordHistory(wid, "", "tablet-reroute-excluded")
+		}
+	}
 
 	// A bad payload is rejected and shown; the stream keeps running.
 	e.signal("opx", "exclude", `{"aliases": [], "reason": "oops"}`)
@@ -192,6 +208,40 @@ func TestOperatorExclusionMovesTabletsOffAReplica(t *testing.T) {
 	e.heal(down, "")
 	e.workload(sourcepb.WorkloadRequest_STOP)
 	e.requireExact("opx", out, 2*time.Minute)
+}
+
+// movedInPlace reports whether a tablet's latest run heard from its
+// GetChanges that it moved off the replica from in place (a progress
+// signal naming its new selection) while that activity kept running.
+func (e *env) movedInPlace(id, from string) bool {
+	open := map[int64]string{} // running GetChanges (scheduled event) → the replica it was given
+	for _, ev := range e.history(id, "") {
+		if a := ev.GetActivityTaskScheduledEventAttributes(); a != nil && a.GetActivityType().GetName() == "GetChanges" {
+			var in activities.GetChangesInput
+			require.NoError(e.t, converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &in))
+			open[ev.GetEventId()] = in.Replica.Alias
+		}
+		for _, done := range []int64{ev.GetActivityTaskCompletedEventAttributes().GetScheduledEventId(),
+			ev.GetActivityTaskFailedEventAttributes().GetScheduledEventId(),
+			ev.GetActivityTaskCanceledEventAttributes().GetScheduledEventId()} {
+			delete(open, done)
+		}
+		a := ev.GetWorkflowExecutionSignaledEventAttributes()
+		if a == nil || a.GetSignalName() != activities.SignalProgress {
+			continue
+		}
+		var p activities.Progress
+		require.NoError(e.t, converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &p))
+		if p.Switched == nil || p.Replica == from {
+			continue
+		}
+		for _, given := range open {
+			if given == from {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // busiest returns the replica most tablets read from.

@@ -47,6 +47,8 @@ var recorded = map[string]recording{
 	// With changePacedReports: reports go out from the tablet's pacer.
 	"stream-paced-stopped.json": {"paced", "8b3ec0be8fb498e998def7ef9327815c6b2ee19c258a4281866a4356047a1fff"},
 	"tablet-paced-stopped.json": {"paced/tablet/t-0001", "3797508722e526af32635f0f20feee156786b1db51a28a1cb53f800d3a81fcf6"},
+	// With changeInPlaceReroute: a run moved off an excluded replica.
+	"tablet-reroute-excluded.json": {"opx/tablet/t-0001", "2f6bb6fe43fddd4fbb7b1360a9b25b13f66b32acddc28abd581ebcf1dc153cba"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -32,6 +32,7 @@ func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error
 	t.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
 	t.quietStart = workflow.GetVersion(ctx, changeQuietStart, workflow.DefaultVersion, 1) >= 1
 	t.paced = workflow.GetVersion(ctx, changePacedReports, workflow.DefaultVersion, 1) >= 1
+	t.reroute = workflow.GetVersion(ctx, changeInPlaceReroute, workflow.DefaultVersion, 1) >= 1
 	if t.st == nil {
 		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
 	}
@@ -65,6 +66,9 @@ type tablet struct {
 	paced bool
 	due   bool
 	gone  error
+	// reroute: a run may move to another replica in place
+	// (changeInPlaceReroute).
+	reroute bool
 	// progress: the activity's own signals; commands: the stream's.
 	progress workflow.ReceiveChannel
 	commands workflow.ReceiveChannel

@@ -75,11 +75,24 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		},
 		Summary: fmt.Sprintf("read %s from %s after %s", t.in.Tablet, sel.Replica.Alias, orDash(t.st.Checkpoint.String())),
 	})
-	fut := workflow.ExecuteActivity(actx, a.GetChanges, activities.GetChangesInput{
+	in := activities.GetChangesInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
 		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Start: t.in.Start, Batch: cfg.Batch, RunFor: cfg.Run.Duration,
 		Retention: t.in.Retention,
-	})
+	}
+	if t.reroute {
+		in.Reroute = &activities.Reroute{Selection: cfg.Selection, Exclude: t.liveExclusions(ctx)}
+	}
+	fut := workflow.ExecuteActivity(actx, a.GetChanges, in)
+	// moved takes the replica the run moved to in place as the tablet's
+	// selection: what an error is counted against, and what the next run
+	// reads.
+	moved := func(to *activities.Selection) {
+		if to != nil && t.reroute {
+			sel = *to
+			t.current = &sel
+		}
+	}
 	// While it runs: the activity says when it retries and recovers; an
 	// operator's pause or stop cancels it (it returns at a batch boundary,
 	// after its commit).
@@ -90,6 +103,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		s.AddReceive(t.progress, func(c workflow.ReceiveChannel, _ bool) {
 			var p activities.Progress
 			c.Receive(ctx, &p)
+			moved(p.Switched)
 			t.st.Status.Attempt = p.Attempt
 			state := Streaming
 			if p.State == string(Retrying) {
@@ -114,6 +128,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	}
 	var res activities.GetChangesResult
 	runErr := fut.Get(ctx, &res)
+	moved(res.Switched)
 	if runErr != nil {
 		t.log.Warn("tablet run failed", "error", runErr)
 	}

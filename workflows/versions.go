@@ -36,4 +36,12 @@ const (
 	// window: the stream receives at most about reportRate reports a
 	// second however many tablets change state at once.
 	changePacedReports = "paced-reports"
+
+	// changeInPlaceReroute: a tablet's GetChanges leaves a replica the
+	// operator excludes by itself, picking another in place
+	// (GetChangesInput.Reroute), and the tablet takes the replica it
+	// moved to from its progress signal and its result: no workflow task
+	// and no new activity task per tablet, which at hundreds of tablets
+	// moving at once cost seconds each on the server's queues.
+	changeInPlaceReroute = "in-place-reroute"
 )

@@ -1,0 +1,155 @@
+package activities
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/sink/sinktest"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// otherAlias is the test tablet's second replica in the reroute tests.
+const otherAlias = "zone2-0000000201"
+
+func twoReplicas() []source.Replica {
+	return []source.Replica{
+		{Tablet: testTablet, Alias: testAlias, Cell: "zone1", Serving: true, Healthy: true},
+		{Tablet: testTablet, Alias: otherAlias, Cell: "zone2", Serving: true, Healthy: true},
+	}
+}
+
+// rerouteRig is a GetChanges whose tablet has two replicas: the first
+// hands out records 1–3 then waits (a quiet tablet), the second records
+// 4–6 from wherever it is asked, then the run's time is up.
+func rerouteRig(t *testing.T) (*rig, *fakeStream) {
+	r := newRig(t)
+	r.src.replicas = twoReplicas()
+	stream := &fakeStream{}
+	r.a.Client = stream
+	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+	r.a.RecheckEvery = time.Hour // the watcher's read wakes the run, not a periodic check
+	served := map[string]int{}
+	r.src.poll = func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+		alias := r.src.readersOf()[n]
+		served[alias]++ // the poller reads one replica at a time
+		switch {
+		case alias == testAlias && served[alias] == 1:
+			return batch(1, 3), nil
+		case alias == otherAlias && served[alias] == 1:
+			return source.Batch{Records: sinktest.Records(testTablet, req.From.Index+1, req.From.Index+3),
+				Checkpoint: cp(req.From.Index + 3), CaughtUp: true}, nil
+		case alias == otherAlias:
+			r.clock.end()
+		}
+		<-ctx.Done()
+		return source.Batch{}, ctx.Err()
+	}
+	go func() { // after the first commit (runWithin fails the test if it never comes)
+		for r.mem.checkpoint(testTablet) != cp(3) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		stream.set(config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}})
+	}()
+	return r, stream
+}
+
+// An operator's exclusion moves a run to another replica in place: the
+// records go on from the committed checkpoint, none twice, and the
+// tablet workflow hears where the run reads now (its progress signal,
+// the heartbeat a retry resumes from, the result).
+func TestGetChangesMovesToAnotherReplicaInPlaceWhenTheOperatorExcludesItsReplica(t *testing.T) {
+	r, stream := rerouteRig(t)
+	in := input()
+	in.Reroute = &Reroute{}
+	res, err := r.runWithin(t, in, "the run did not move and finish")
+	require.NoError(t, err)
+
+	require.Equal(t, StoppedRunEnded, res.Stopped, "the run goes on after the move")
+	require.NotNil(t, res.Switched)
+	require.Equal(t, otherAlias, res.Switched.Replica.Alias)
+	require.Equal(t, cp(6), res.Checkpoint)
+	require.Equal(t, sinktest.Records(testTablet, 1, 6), r.mem.records(testTablet), "every record once, in order")
+
+	reqs, readers := r.src.requests(), r.src.readersOf()
+	require.Equal(t, testAlias, readers[0])
+	var moved bool
+	for i, alias := range readers {
+		if alias == otherAlias && !moved {
+			moved = true
+			require.Equal(t, cp(3), reqs[i].From, "the new replica is read from the committed checkpoint")
+		}
+		if moved {
+			require.Equal(t, otherAlias, alias, "no read of the excluded replica after the move")
+		}
+	}
+	require.True(t, moved)
+
+	var switched []Progress
+	for _, s := range stream.signalled() {
+		if p, ok := s.(Progress); ok && p.Switched != nil {
+			switched = append(switched, p)
+		}
+	}
+	require.Len(t, switched, 1, "one progress signal for the move")
+	require.Equal(t, Progress{State: "Streaming", Attempt: 1, Replica: otherAlias, Switched: switched[0].Switched}, switched[0])
+	require.Equal(t, otherAlias, switched[0].Switched.Replica.Alias)
+	require.Equal(t, 1, switched[0].Switched.Candidates, "the excluded replica is no candidate")
+
+	beats := r.spy.heartbeats()
+	require.NotNil(t, beats[len(beats)-1].hb.Switched, "a retry resumes on the replica moved to")
+	require.Equal(t, otherAlias, beats[len(beats)-1].hb.Switched.Replica.Alias)
+}
+
+// Without Reroute (a tablet workflow from before the change) or with no
+// other eligible replica, an exclusion ends the run as it always did, and
+// the tablet workflow selects.
+func TestGetChangesEndsTheRunWhenItCannotMoveInPlace(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		reroute  *Reroute
+		replicas []source.Replica
+	}{
+		{name: "not asked to", replicas: twoReplicas()},
+		{name: "no other replica", reroute: &Reroute{}, replicas: twoReplicas()[:1]},
+		{name: "the other excluded by the tablet", replicas: twoReplicas(),
+			reroute: &Reroute{Exclude: config.ExcludeList{{Alias: otherAlias, Tablet: testTablet, Reason: "POSITION_MISMATCH"}}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, _ := rerouteRig(t)
+			r.src.replicas = tt.replicas
+			in := input()
+			in.Reroute = tt.reroute
+			res, err := r.runWithin(t, in, "the exclusion did not end the run")
+			require.NoError(t, err)
+			require.Equal(t, "replica excluded: maintenance", res.Stopped)
+			require.Nil(t, res.Switched)
+			require.Equal(t, cp(3), res.Checkpoint)
+			for _, alias := range r.src.readersOf() {
+				require.Equal(t, testAlias, alias)
+			}
+		})
+	}
+}
+
+// A retry of a run that moved reads the replica it moved to, not the one
+// the workflow passed (which the operator excluded).
+func TestGetChangesRetryResumesOnTheReplicaItMovedTo(t *testing.T) {
+	r := newRig(t)
+	r.src.replicas = twoReplicas()
+	r.mem.set(testTablet, cp(3))
+	r.script(batch(4, 6))
+	env := r.activityEnv(context.Background())
+	moved := &Selection{Replica: twoReplicas()[1], Candidates: 2}
+	env.SetHeartbeatDetails(Heartbeat{Checkpoint: cp(3), Records: 3, Batches: 1, Switched: moved})
+	in := input()
+	in.Reroute = &Reroute{}
+	res, err := r.run(env, in)
+	require.NoError(t, err)
+	require.Equal(t, []string{otherAlias, otherAlias}, r.src.readersOf())
+	require.Equal(t, moved, res.Switched, "the result still says where the run reads")
+	require.Equal(t, cp(6), res.Checkpoint)
+}

@@ -1,0 +1,73 @@
+package workflows
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/tabletflow/tabletflow/activities"
+)
+
+// A run that moved to another replica in place (the operator excluded
+// its own) hands the tablet its new selection: the next run reads that
+// replica without selecting, the status names it, and an error after a
+// move is counted against the replica moved to, not the excluded one.
+func TestTabletTakesTheReplicaARunMovedToInPlace(t *testing.T) {
+	env := newEnv(t)
+	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+	first := activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 3}
+	movedByResult := activities.Selection{Replica: replica("t-0001", "zone2-0000000201"), Candidates: 2}
+	movedBySignal := activities.Selection{Replica: replica("t-0001", "zone3-0000000301"), Candidates: 2}
+	selections := 0
+	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(
+		func(context.Context, activities.SelectReplicaInput) (activities.Selection, error) {
+			selections++
+			return first, nil
+		})
+	var calls []activities.GetChangesInput
+	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
+			calls = append(calls, in)
+			switch len(calls) {
+			case 1: // moved, and the progress signal was lost: the result says so
+				return activities.GetChangesResult{Checkpoint: cp(10), Stopped: activities.StoppedRunEnded, Switched: &movedByResult}, nil
+			case 2: // moved again (the signal below), then the new replica failed
+				return activities.GetChangesResult{}, temporal.NewNonRetryableApplicationError("lost history", activities.ErrRetryElsewhere, nil,
+					activities.ErrorDetails{Reason: "POSITION_MISMATCH", Checkpoint: cp(20)})
+			}
+			return activities.GetChangesResult{Checkpoint: cp(30), Stopped: activities.StoppedRunEnded}, nil
+		}).After(time.Minute)
+	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
+	var moved TabletStatus
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(activities.SignalProgress, activities.Progress{State: "Streaming", Attempt: 1,
+			Replica: movedBySignal.Replica.Alias, Switched: &movedBySignal})
+	}, 90*time.Second)
+	env.RegisterDelayedCallback(func() {
+		v, err := env.QueryWorkflow(QueryStatus)
+		require.NoError(t, err)
+		require.NoError(t, v.Get(&moved))
+	}, 100*time.Second)
+	var status TabletStatus
+	env.RegisterDelayedCallback(func() {
+		v, err := env.QueryWorkflow(QueryStatus)
+		require.NoError(t, err)
+		require.NoError(t, v.Get(&status))
+		env.CancelWorkflow()
+	}, 150*time.Second)
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, (*TabletState)(nil))
+
+	require.GreaterOrEqual(t, len(calls), 2)
+	require.NotNil(t, calls[0].Reroute, "the run may move in place")
+	require.Equal(t, movedByResult.Replica.Alias, calls[1].Replica.Alias, "the next run reads the replica moved to")
+	require.Equal(t, cp(10), calls[1].Checkpoint)
+	require.Equal(t, movedBySignal.Replica.Alias, moved.Replica, "the status names the replica moved to")
+	require.Len(t, status.Excluded, 1)
+	require.Equal(t, movedBySignal.Replica.Alias, status.Excluded[0].Alias, "the error counts against the replica moved to")
+	require.Equal(t, "POSITION_MISMATCH", status.Excluded[0].Reason)
+	require.Equal(t, 2, selections, "one selection at the start, one after the failure; none after a move")
+}
