@@ -5,7 +5,9 @@ import (
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/converter"
 
+	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -17,6 +19,7 @@ type stages struct {
 	StreamTook float64 `json:"stream_took_signal_s"`
 	// OldClosed: the tablets' GetChanges on the excluded replica closed.
 	OldClosed float64 `json:"old_getchanges_closed_s"`
+	// The next three are over the tablets that did not move in place.
 	// NewScheduled: their next GetChanges was scheduled (after the pick).
 	NewScheduled float64 `json:"new_getchanges_scheduled_s"`
 	// NewStarted: a worker started it.
@@ -24,6 +27,12 @@ type stages struct {
 	// TaskWait: how long the workflow task that reacts to the old
 	// GetChanges closing waited for a worker to start it (seconds).
 	TaskWait float64 `json:"workflow_task_wait_s"`
+	// Moved: the tablets heard from their GetChanges that it moved to
+	// another replica in place (its progress signal); the three stages
+	// before it stay 0 for a move in place.
+	Moved float64 `json:"moved_in_place_signal_s"`
+	// InPlace: how many of the tablets moved in place.
+	InPlace int `json:"moved_in_place"`
 }
 
 // stagesOf reads the stream's and the moved tablets' histories.
@@ -46,7 +55,7 @@ func (b *bed) stagesOf(id string, tablets []string, t0 time.Time) stages {
 	for _, tab := range tablets {
 		wid := workflows.TabletWorkflowID(id, tab)
 		it := b.temporal.GetWorkflowHistory(ctx, wid, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-		var closed, scheduled time.Time
+		var closed, scheduled, moved time.Time
 		var wftStarted time.Time
 		for it.HasNext() {
 			ev, err := it.Next()
@@ -60,6 +69,12 @@ func (b *bed) stagesOf(id string, tablets []string, t0 time.Time) stages {
 			if ev.GetEventType() == enumspb.EVENT_TYPE_WORKFLOW_TASK_STARTED && !closed.IsZero() && wftStarted.IsZero() {
 				wftStarted = at
 			}
+			if a := ev.GetWorkflowExecutionSignaledEventAttributes(); a != nil && a.GetSignalName() == activities.SignalProgress && moved.IsZero() {
+				var p activities.Progress
+				if converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &p) == nil && p.Switched != nil {
+					moved = at
+				}
+			}
 			switch ev.GetEventType() {
 			case enumspb.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, enumspb.EVENT_TYPE_ACTIVITY_TASK_FAILED,
 				enumspb.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT, enumspb.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
@@ -71,6 +86,13 @@ func (b *bed) stagesOf(id string, tablets []string, t0 time.Time) stages {
 					scheduled = at
 				}
 			}
+		}
+		if !moved.IsZero() {
+			// Moved in place: the stages of a new run do not apply (a
+			// run that ended by itself meanwhile is no part of it).
+			s.Moved = max(s.Moved, since(moved))
+			s.InPlace++
+			continue
 		}
 		s.OldClosed = max(s.OldClosed, since(closed))
 		if !closed.IsZero() && !wftStarted.IsZero() {
