@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	commonpb "go.temporal.io/api/common/v1"
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/interceptor"
 	"go.temporal.io/sdk/temporal"
@@ -738,6 +739,57 @@ func TestPickerFallsBackToTheListAsLastKnownWhenTheStreamIsSlow(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Equal(t, tc.want, list)
+		})
+	}
+}
+
+// memoStream is a stream whose memo holds its exclude list (from
+// changeExclusionsMemo on); memo nil: a stream from before, without one.
+type memoStream struct {
+	fakeStream
+	memo *config.ExcludeList
+}
+
+func (m *memoStream) DescribeWorkflow(context.Context, string, string) (*client.WorkflowExecutionDescription, error) {
+	d := &client.WorkflowExecutionDescription{}
+	d.Memo = &commonpb.Memo{Fields: map[string]*commonpb.Payload{}}
+	if m.memo != nil {
+		p, err := converter.GetDefaultDataConverter().ToPayload(*m.memo)
+		if err != nil {
+			return nil, err
+		}
+		d.Memo.Fields[MemoExclusions] = p
+	}
+	return d, nil
+}
+
+// The watcher reads the exclude list from the stream's memo, with no
+// query (a stream busy with its tablets' reports answers none); a stream
+// without the list in its memo is queried as before.
+func TestWatcherReadsTheExcludeListFromTheStreamsMemo(t *testing.T) {
+	inMemo := config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}}
+	for _, tt := range []struct {
+		name        string
+		memo        *config.ExcludeList
+		want        config.ExcludeList
+		wantQueries bool
+	}{
+		{name: "in the memo", memo: &inMemo, want: inMemo},
+		{name: "an empty list in the memo", memo: &config.ExcludeList{}, want: config.ExcludeList{}},
+		{name: "no list in the memo", want: config.ExcludeList{{Alias: "zone9-0000000901", Reason: "queried"}}, wantQueries: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			stream := &memoStream{memo: tt.memo}
+			stream.list = config.ExcludeList{{Alias: "zone9-0000000901", Reason: "queried"}}
+			w := &Watcher{Client: stream, Interval: time.Hour}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			list, err := w.Exclusions(ctx, testStream)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, list)
+			stream.mu.Lock()
+			defer stream.mu.Unlock()
+			require.Equal(t, tt.wantQueries, stream.queries > 0, "queries: %d", stream.queries)
 		})
 	}
 }

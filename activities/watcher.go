@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"go.temporal.io/sdk/converter"
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/config"
@@ -16,8 +17,8 @@ import (
 // activity only through a heartbeat, and fast heartbeats for thousands of
 // tablets overload the server; so while a stream has a GetChanges running
 // on this worker, the watcher reads the stream's exclude list once per
-// interval (one query per stream, however many tablets), and each
-// GetChanges checks it at every batch boundary.
+// interval (one describe or query per stream, however many tablets; see
+// read), and each GetChanges checks it at every batch boundary.
 type Watcher struct {
 	Client   WorkflowClient
 	Interval time.Duration
@@ -188,17 +189,42 @@ func (w *Watcher) Exclusions(ctx context.Context, stream string) (config.Exclude
 	return slices.Clone(s.list), nil
 }
 
+// MemoExclusions is the stream workflow's memo field that holds its
+// operator exclude list (a config.ExcludeList), from
+// changeExclusionsMemo on.
+const MemoExclusions = "exclusions"
+
+// read reads a stream's operator exclude list: from the stream's memo
+// when it has one there (a describe is served by the server alone, so a
+// stream too busy with its tablets' reports to answer a query — "workflow
+// is busy" — is still read at once), else with the QueryExclusions query.
+func (w *Watcher) read(ctx context.Context, stream string) (config.ExcludeList, error) {
+	if d, ok := w.Client.(WorkflowDescriber); ok {
+		desc, err := d.DescribeWorkflow(ctx, stream, "")
+		if err == nil && desc.Memo != nil {
+			if p, ok := desc.Memo.GetFields()[MemoExclusions]; ok {
+				var list config.ExcludeList
+				if err := converter.GetDefaultDataConverter().FromPayload(p, &list); err == nil {
+					return list, nil
+				}
+			}
+		}
+	}
+	v, err := w.Client.QueryWorkflow(ctx, stream, "", QueryExclusions)
+	if err != nil {
+		return nil, err
+	}
+	var list config.ExcludeList
+	return list, v.Get(&list)
+}
+
 func (w *Watcher) poll(ctx context.Context, stream string, s *watched) {
 	defer close(s.stopped)
 	tick := time.NewTicker(w.interval())
 	defer tick.Stop()
 	for {
 		qctx, cancel := context.WithTimeout(ctx, w.queryTimeout())
-		v, err := w.Client.QueryWorkflow(qctx, stream, "", QueryExclusions)
-		var list config.ExcludeList
-		if err == nil {
-			err = v.Get(&list)
-		}
+		list, err := w.read(qctx, stream)
 		cancel()
 		w.mu.Lock()
 		if err == nil {

@@ -164,6 +164,7 @@ func TestOperatorExclusionMovesTabletsOffAReplica(t *testing.T) {
 			e.recordHistory(wid, "", "tablet-reroute-excluded")
 		}
 	}
+	e.recordHistory("opx", "", "stream-exclusions-memo")
 
 	// A bad payload is rejected and shown; the stream keeps running.
 	e.signal("opx", "exclude", `{"aliases": [], "reason": "oops"}`)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -499,4 +500,50 @@ func TestStreamSaysWhenATabletsWorkflowTaskKeepsFailing(t *testing.T) {
 	require.Len(t, r.starts, 1)
 	require.Equal(t, Streaming, st.Tablets[0].State)
 	require.Contains(t, st.Tablets[0].Reason, "workflow task keeps failing (attempt 7)")
+}
+
+// The stream keeps its operator exclude list in its memo, from its first
+// workflow task and at once when it changes (by signal or by update),
+// for the workers' exclusion watchers to read without a query.
+func TestStreamKeepsItsExcludeListInItsMemo(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{lists: [][]source.Tablet{
+		{{ID: "t-0001", Replicas: []source.Replica{replica("t-0001", "zone1-0000000101"), replica("t-0001", "zone1-0000000102")}}},
+	}}
+	w.mock(env)
+	var started startedTablets
+	started.mock(env)
+	var memos []config.ExcludeList // each upsert's list, in order
+	var at []time.Time             // and when
+	env.OnUpsertMemo(mock.Anything).Run(func(args mock.Arguments) {
+		fields := args.Get(0).(map[string]any)
+		list, ok := fields[activities.MemoExclusions]
+		require.True(t, ok, "every memo upsert carries the list: %v", fields)
+		memos = append(memos, slices.Clone(list.(config.ExcludeList)))
+		at = append(at, env.Now())
+	}).Return(nil)
+	var includedAt time.Time
+	var atExclude, atInclude int
+	env.RegisterDelayedCallback(func() {
+		atExclude = len(memos)
+		env.SignalWorkflow(CmdExclude, json.RawMessage(`{"aliases": ["zone1-0000000102"], "reason": "maintenance"}`))
+	}, 15*time.Second)
+	env.RegisterDelayedCallback(func() {
+		atInclude, includedAt = len(memos), env.Now()
+		env.UpdateWorkflow(CmdInclude, "inc", &testsuite.TestUpdateCallback{
+			OnReject: func(err error) { t.Errorf("include rejected: %v", err) }, OnAccept: func() {}, OnComplete: func(any, error) {},
+		}, json.RawMessage(`{"aliases": ["zone1-0000000102"]}`))
+	}, 33*time.Second) // an instant when nothing else wakes the loop
+	env.RegisterDelayedCallback(env.CancelWorkflow, 40*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.NotZero(t, atExclude, "the memo has the list before any exclusion")
+	require.Empty(t, memos[0])
+	require.Greater(t, len(memos), atInclude)
+	excluded := memos[atInclude-1]
+	require.Len(t, excluded, 1, "the exclusion is in the memo: %v", memos)
+	require.Equal(t, "zone1-0000000102", excluded[0].Alias)
+	require.Equal(t, "maintenance", excluded[0].Reason)
+	require.Empty(t, memos[atInclude], "the update's include is in the memo")
+	require.Equal(t, includedAt, at[atInclude], "at once: an update does not wake the stream's loop")
 }

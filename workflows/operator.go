@@ -93,6 +93,7 @@ func (s *stream) exclude(ctx workflow.Context, raw json.RawMessage, apply bool) 
 		s.st.Exclude = s.st.Exclude.Add(config.Exclusion{Alias: alias, Tablet: req.Tablet, Reason: reason, TTL: req.TTL, Expires: expires})
 	}
 	s.log.Info("replicas excluded", "aliases", req.Aliases, "tablet", req.Tablet, "reason", reason)
+	s.publishExclusions(ctx)
 	// No fan-out: the picker reads the list, and each worker's exclusion
 	// watcher moves running reads off these replicas.
 	return nil
@@ -110,6 +111,7 @@ func (s *stream) include(ctx workflow.Context, raw json.RawMessage, apply bool) 
 		return nil
 	}
 	s.st.Exclude = s.st.Exclude.Remove(req.Aliases...)
+	s.publishExclusions(ctx)
 	// Tablets holding automatic entries for the aliases drop them; tablets
 	// waiting for an eligible replica look again.
 	var ids []string
@@ -293,6 +295,15 @@ func (s *stream) tell(ctx workflow.Context, ids []string, cmd TabletCommand) {
 	}
 }
 
+// publishExclusions puts a changed operator exclude list in the memo at
+// once (changeExclusionsMemo), not after the main loop's next wake-up:
+// an update handler does not wake it.
+func (s *stream) publishExclusions(ctx workflow.Context) {
+	if s.exclusionsMemo {
+		s.details(ctx)
+	}
+}
+
 // nextExpiry is when the next operator exclusion ends (zero: none). An
 // entry already past its expiry counts until onExpiry prunes it, so its
 // timer (of zero length) still fires.
@@ -302,6 +313,7 @@ func (s *stream) nextExpiry() time.Time { return s.st.Exclude.NextExpiry() }
 func (s *stream) onExpiry(ctx workflow.Context) {
 	now := workflow.Now(ctx)
 	s.st.Exclude = s.st.Exclude.Live(now)
+	s.publishExclusions(ctx)
 	var waiting []string
 	for _, id := range s.tabletIDs() {
 		if s.st.Tablets[id].State == NoEligibleReplica {

@@ -49,6 +49,8 @@ var recorded = map[string]recording{
 	"tablet-paced-stopped.json": {"paced/tablet/t-0001", "3797508722e526af32635f0f20feee156786b1db51a28a1cb53f800d3a81fcf6"},
 	// With changeInPlaceReroute: a run moved off an excluded replica.
 	"tablet-reroute-excluded.json": {"opx/tablet/t-0001", "2f6bb6fe43fddd4fbb7b1360a9b25b13f66b32acddc28abd581ebcf1dc153cba"},
+	// With changeExclusionsMemo: the exclude list in the stream's memo.
+	"stream-exclusions-memo.json": {"opx", "aec2fbc455e2c574b6e7b9b21b351b0ef461061dfc8c41a4bd4e101cd75aef5f"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

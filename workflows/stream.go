@@ -38,6 +38,7 @@ func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamStat
 	s.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
 	if s.durable() {
 		s.slimTopology = workflow.GetVersion(ctx, changeSlimTopology, workflow.DefaultVersion, 1) >= 1
+		s.exclusionsMemo = workflow.GetVersion(ctx, changeExclusionsMemo, workflow.DefaultVersion, 1) >= 1
 	}
 	if s.st == nil {
 		s.st = &StreamState{Tablets: map[string]*TabletStatus{}}
@@ -61,8 +62,12 @@ type stream struct {
 	// slimTopology: the topology is read with ReadTopology
 	// (changeSlimTopology).
 	slimTopology bool
-	reports      workflow.ReceiveChannel
-	signals      map[string]workflow.ReceiveChannel
+	// exclusionsMemo: the memo carries the operator exclude list for the
+	// watchers (changeExclusionsMemo); memoSet says this run set it.
+	exclusionsMemo bool
+	memoSet        bool
+	reports        workflow.ReceiveChannel
+	signals        map[string]workflow.ReceiveChannel
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.
@@ -522,11 +527,15 @@ func (s *stream) details(ctx workflow.Context) {
 	for _, e := range s.st.Exclude {
 		exclude = append(exclude, describeExclusion(e))
 	}
-	if !maps.Equal(memo, s.memo) || !slices.Equal(exclude, s.memoExclude) {
-		if err := workflow.UpsertMemo(ctx, map[string]any{"tabletStates": memo, "exclude": exclude}); err != nil {
+	if !maps.Equal(memo, s.memo) || !slices.Equal(exclude, s.memoExclude) || (s.exclusionsMemo && !s.memoSet) {
+		fields := map[string]any{"tabletStates": memo, "exclude": exclude}
+		if s.exclusionsMemo {
+			fields[activities.MemoExclusions] = s.st.Exclude
+		}
+		if err := workflow.UpsertMemo(ctx, fields); err != nil {
 			s.log.Warn("memo not updated", "error", err)
 		}
-		s.memo, s.memoExclude = memo, exclude
+		s.memo, s.memoExclude, s.memoSet = memo, exclude, true
 	}
 }
 

@@ -44,4 +44,11 @@ const (
 	// and no new activity task per tablet, which at hundreds of tablets
 	// moving at once cost seconds each on the server's queues.
 	changeInPlaceReroute = "in-place-reroute"
+
+	// changeExclusionsMemo: the stream keeps its operator exclude list in
+	// its memo (activities.MemoExclusions) from its first workflow task
+	// and whenever the list changes, so that workers' exclusion watchers
+	// read it with a describe, which a stream busy with hundreds of
+	// tablets' reports answers at once where a query waits.
+	changeExclusionsMemo = "exclusions-memo"
 )
