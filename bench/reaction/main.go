@@ -86,7 +86,7 @@ func run() error {
 	out := flag.String("out", "", "write the result JSON here too")
 	repeats := flag.Int("repeats", 20, "repetitions (trials) of each reaction")
 	cases := flag.String("cases", "mismatch,exclude,down,isolation", "comma-separated reactions to measure")
-	pairs := flag.Int("isolation-pairs", 3, "fault-free and failing drains of the isolation case")
+	pairs := flag.Int("isolation-pairs", 4, "fault-free and failing drains of the isolation case")
 	excludeAt := flag.String("exclude-tablets", "64,256", "comma-separated tablet counts for the exclude reaction")
 	flag.IntVar(&workerPollers, "pollers", 0, "the worker's --pollers (0: its default)")
 	flag.Parse()
@@ -625,24 +625,42 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 	var runs []pair
 	var ratios []time.Duration // summarize takes durations: ratios as seconds
 	var worst time.Duration
+	// faults sets (or heals) the failure of every replica of t-0001.
+	faults := func(on bool) error {
+		for _, r := range resp.Tablets[0].Replicas {
+			var err error
+			if on {
+				_, err = b.admin.Fault(context.Background(), &sourcepb.FaultRequest{Server: r.Alias, Tablet: "t-0001", Code: "UNAVAILABLE"})
+			} else {
+				_, err = b.admin.Heal(context.Background(), &sourcepb.HealRequest{Server: r.Alias})
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for i := range pairs {
-		clean, _, err := drain(streams[1+2*i])
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range resp.Tablets[0].Replicas {
-			if _, err := b.admin.Fault(context.Background(), &sourcepb.FaultRequest{Server: r.Alias, Tablet: "t-0001", Code: "UNAVAILABLE"}); err != nil {
+		// Odd pairs run the failing drain first: the machine's drift
+		// (CPU steal comes and goes) does not favour one side.
+		var clean, faulty float64
+		var stall time.Duration
+		for _, failing := range []bool{i%2 == 1, i%2 == 0} {
+			if err := faults(failing); err != nil {
+				return nil, err
+			}
+			var err error
+			if failing {
+				faulty, stall, err = drain(streams[2+2*i])
+			} else {
+				clean, _, err = drain(streams[1+2*i])
+			}
+			if err != nil {
 				return nil, err
 			}
 		}
-		faulty, stall, err := drain(streams[2+2*i])
-		if err != nil {
+		if err := faults(false); err != nil {
 			return nil, err
-		}
-		for _, r := range resp.Tablets[0].Replicas {
-			if _, err := b.admin.Heal(context.Background(), &sourcepb.HealRequest{Server: r.Alias}); err != nil {
-				return nil, err
-			}
 		}
 		runs = append(runs, pair{Clean: int(clean), Faulty: int(faulty), Ratio: round(faulty / clean), StallS: round(stall.Seconds())})
 		ratios = append(ratios, time.Duration(faulty/clean*float64(time.Second)))
