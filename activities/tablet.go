@@ -152,9 +152,9 @@ const commitTimeout = 30 * time.Second
 // tablet workflow hears of it (Progress.Switched, then the result's
 // Switched); the run ends only when there is none. On a retry it
 // resumes (on the replica it moved to, if it did) from the later of the
-// heartbeat, the sink's stored checkpoint and in.Checkpoint; a sink that is behind a checkpoint committed to it
-// (lost data) is SinkFailed, except a sink that holds nothing yet for a
-// tablet still at in.Start. Heartbeats carry the latest committed progress
+// heartbeat, the sink's stored checkpoint and in.Checkpoint; a sink that
+// is behind a checkpoint committed to it (lost data) is SinkFailed, except
+// a sink that holds nothing yet for a tablet still at in.Start. Heartbeats carry the latest committed progress
 // and are recorded after every batch and, while the heartbeat timeout is
 // set, at least every third of it, through slow polls, commits and
 // start-up checks. Source errors are classified by the source: retry-same
