@@ -217,8 +217,10 @@ func TestPostgresStreamFromStandbysIsExactThroughAKillAnExclusionAndAStandbyDown
 	p.requireShardsExact(out, 2*time.Minute)
 	t.Logf("workload: %+v", load.Stats())
 	// Each shard's row shows its slot (after a run of 5 s): the WAL held
-	// past the checkpoint, and no invalidation limit on this bed.
-	st = p.waitStatus(stream, "every shard's slot in the status", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+	// past the checkpoint, and no invalidation limit on this bed. A row
+	// whose state has not changed since is updated by the tablet's next
+	// paced report, due a minute after its last: two minutes, not one.
+	st = p.waitStatus(stream, "every shard's slot in the status", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
 		for _, tab := range st.Tablets {
 			if tab.Slot == nil {
 				return false, tab.ID + " has no slot figures yet"
