@@ -46,6 +46,7 @@ bench: build $(BIN)/temporal pg ## benchmarks; results into bench/results
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
 	go run ./bench/pgsource --bin $(BIN) --out bench/results/pgsource.json
 	go run ./bench/pgsink --out bench/results/pgsink.json
+	go run ./bench/report --results bench/results --readme README.md
 
 bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams, then 5 min steady (~30 min); bench/results/scale.json
 	mkdir -p bench/results
