@@ -43,7 +43,13 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 		return err
 	}
 	publish.Logf("history: streaming at %.0f records/s for %v", rate, window)
-	if err := procs.Sleep(ctx, window); err != nil {
+	if b.cpuProfile != "" {
+		// The worker serves Go's profiles beside its metrics: its CPU
+		// profile over the live window says where the live cost goes.
+		if err := b.profile(ctx, window, b.cpuProfile); err != nil {
+			return err
+		}
+	} else if err := procs.Sleep(ctx, window); err != nil {
 		return err
 	}
 	to := time.Now()

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/testbed"
@@ -34,4 +39,31 @@ func freePort() int {
 		panic(err) // no loopback port: nothing here can run
 	}
 	return p
+}
+
+// profile asks the worker for its CPU profile over the next d (it serves
+// Go's profiles beside its metrics) and writes it to path.
+func (b *bench) profile(ctx context.Context, d time.Duration, path string) error {
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(b.metrics, "/metrics"), int(d.Seconds()))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("worker CPU profile: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("worker CPU profile: %s", resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("worker CPU profile: %w", err)
+	}
+	return f.Close()
 }

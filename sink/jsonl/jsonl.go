@@ -5,11 +5,12 @@
 //
 //	<tablet>.jsonl          the data: committed lines, then maybe an
 //	                        uncommitted tail left by a crash
-//	<tablet>.manifest.json  {"stream","tablet","checkpoint","offset","updated"}:
-//	                        the committed checkpoint and the byte length of
-//	                        the committed data; written at the tablet's
-//	                        first Open, before any data, then replaced
-//	                        atomically at each commit
+//	<tablet>.manifest.json  two checksummed slots, each {"seq","stream",
+//	                        "tablet","checkpoint","offset","updated"}: the
+//	                        committed checkpoint and the byte length of the
+//	                        committed data; written at the tablet's first
+//	                        Open, before any data, then one slot rewritten
+//	                        in place at each commit (manifest.go)
 //	<tablet>.lock           flock(2)-ed by the one open writer; never removed
 //
 // A line is
@@ -21,18 +22,18 @@
 // digest.Hash over a parsed line reproduces the source's hash (DigestDir).
 //
 // Exactly-once: a Commit appends the staged lines at the end of the
-// committed data, fsyncs the data file, and only then replaces the manifest
-// (temp file, fsync, rename, directory fsync). The manifest is the commit
-// point: a crash before the rename leaves the old manifest and a tail that
-// the next Open truncates, and readers never look past the manifest's
-// offset. The manifest's checkpoint is stored with the data it covers, so a
+// committed data, syncs the data file, and only then writes the next
+// manifest into the slot that does not hold the current one, and syncs
+// that. The manifest is the commit point: a crash before its slot is whole
+// on disk leaves the previous manifest and a tail that the next Open
+// truncates, and readers never look past the manifest's offset. The manifest's checkpoint is stored with the data it covers, so a
 // re-read batch is skipped by Write.
 //
 // Fencing: the lock keeps one writer per tablet across processes on one
 // host. Behind it, Commit is a compare-and-set on the manifest: it fails
 // with sink.ErrFenced, storing nothing, if the manifest's checkpoint or
 // offset changed since this writer's Open or last Commit, or if the data
-// file grew behind it. The check and the rename are not one atomic step, so
+// file grew behind it. The check and the write are not one atomic step, so
 // the compare-and-set catches a writer that lost its lock (a removed lock
 // file, a filesystem without coherent locks) at its next commit, but two
 // such writers committing at the same instant can still interleave: the
@@ -43,6 +44,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 	"sync"
@@ -208,6 +210,9 @@ type Writer struct {
 
 	mu     sync.Mutex
 	f      *os.File
+	mf     *os.File          // the manifest file, open for its slots
+	mfInfo os.FileInfo       // mf's identity: a manifest replaced behind us is another file
+	seq    uint64            // the committed manifest's Seq
 	cp     source.Checkpoint // stored checkpoint as this writer knows it
 	offset int64             // committed bytes of the data file
 	staged []byte            // encoded lines for the next Commit
@@ -222,7 +227,7 @@ var _ sink.TabletWriter = (*Writer)(nil)
 // data file truncated to its offset.
 func (w *Writer) load() error {
 	dir, tablet := w.s.dir, w.tablet
-	m, err := readManifest(dir, tablet)
+	m, legacy, err := readManifestFile(dir, tablet)
 	fresh := errors.Is(err, errNoManifest)
 	if err != nil && !fresh {
 		return err
@@ -244,19 +249,70 @@ func (w *Writer) load() error {
 		// A new tablet (or one whose first Open crashed before this point,
 		// leaving an empty data file). The data file was created first so
 		// that the manifest's directory fsync makes both durable.
-		m = manifest{Stream: w.s.stream, Tablet: tablet, Updated: time.Now().UTC()}
+		m = manifest{Seq: 1, Stream: w.s.stream, Tablet: tablet, Updated: time.Now().UTC()}
 		err = writeManifest(dir, tablet, m)
 	case fi.Size() < m.Offset:
 		err = fmt.Errorf("%w: data file has %d bytes, manifest says %d are committed", ErrCorrupt, fi.Size(), m.Offset)
 	case fi.Size() > m.Offset:
 		err = f.Truncate(m.Offset) // the uncommitted tail
 	}
+	if err == nil && legacy {
+		// The format before the slots: rewritten once, atomically.
+		m.Seq = 1
+		err = writeManifest(dir, tablet, m)
+	}
+	if err == nil {
+		err = w.openManifest()
+	}
 	if err != nil {
 		_ = f.Close()
 		return err
 	}
-	w.f, w.cp, w.last, w.offset = f, m.Checkpoint, m.Checkpoint, m.Offset
+	w.f, w.cp, w.last, w.offset, w.seq = f, m.Checkpoint, m.Checkpoint, m.Offset, m.Seq
 	return nil
+}
+
+// openManifest opens the manifest file for its slots.
+func (w *Writer) openManifest() error {
+	mf, err := os.OpenFile(manifestPath(w.s.dir, w.tablet), os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open manifest: %w", err)
+	}
+	info, err := mf.Stat()
+	if err != nil {
+		_ = mf.Close()
+		return fmt.Errorf("open manifest: %w", err)
+	}
+	if w.mf != nil {
+		_ = w.mf.Close()
+	}
+	w.mf, w.mfInfo = mf, info
+	return nil
+}
+
+// stored returns the committed manifest as it is on disk now: through the
+// open manifest file, or, when the file at the manifest's path is another
+// one (replaced behind this writer), from that file, which the writer
+// then keeps. A missing manifest is ErrCorrupt: Open wrote one, so it is
+// lost state, not a new tablet.
+func (w *Writer) stored() (manifest, error) {
+	info, err := os.Stat(manifestPath(w.s.dir, w.tablet))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return manifest{}, fmt.Errorf("%w: %w: %s", ErrCorrupt, errNoManifest, manifestPath(w.s.dir, w.tablet))
+	case err != nil:
+		return manifest{}, fmt.Errorf("stat manifest: %w", err)
+	case os.SameFile(info, w.mfInfo):
+		return readSlots(w.mf, w.tablet)
+	}
+	m, legacy, err := readManifestFile(w.s.dir, w.tablet)
+	if err == nil && legacy {
+		err = fmt.Errorf("%w: manifest of tablet %s was rewritten in the old format", ErrCorrupt, w.tablet)
+	}
+	if err == nil {
+		err = w.openManifest()
+	}
+	return m, err
 }
 
 // Checkpoint returns the manifest's checkpoint at Open, then the last one
@@ -301,7 +357,8 @@ func (w *Writer) Write(ctx context.Context, records []source.Record) error {
 }
 
 // Commit stores the staged lines and cp; see sink.TabletWriter. One data
-// write, one data fsync and one manifest replace, whatever the batch size.
+// write and sync, and one manifest slot write and sync, whatever the batch
+// size.
 // An empty batch with a new cp stores the checkpoint; an empty batch with
 // the same cp writes nothing but still checks the fence.
 func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
@@ -332,34 +389,31 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		if _, err := w.f.WriteAt(w.staged, w.offset); err != nil {
 			return w.fail(w.undo(fmt.Errorf("commit tablet %s: write data: %w", w.tablet, err)))
 		}
-		if err := w.f.Sync(); err != nil {
+		if err := datasync(w.f); err != nil {
 			return w.fail(w.undo(fmt.Errorf("commit tablet %s: sync data: %w", w.tablet, err)))
 		}
 	}
 	// Compare-and-set: the manifest is still the one this writer knows.
-	// Open wrote one, so a missing manifest is lost state, not a new tablet.
-	m, err := readManifest(w.s.dir, w.tablet)
-	if errors.Is(err, errNoManifest) {
-		err = fmt.Errorf("%w: %w", ErrCorrupt, err)
-	}
+	m, err := w.stored()
 	if err != nil {
 		return w.fail(w.undo(fmt.Errorf("commit tablet %s: %w", w.tablet, err)))
 	}
-	if m.Checkpoint != w.cp || m.Offset != w.offset {
-		return w.fence(n > 0, fmt.Sprintf("stored checkpoint %q offset %d, this writer's %q offset %d",
-			m.Checkpoint, m.Offset, w.cp, w.offset))
+	if m.Seq != w.seq || m.Checkpoint != w.cp || m.Offset != w.offset {
+		return w.fence(n > 0, fmt.Sprintf("stored manifest %d checkpoint %q offset %d, this writer's %d %q offset %d",
+			m.Seq, m.Checkpoint, m.Offset, w.seq, w.cp, w.offset))
 	}
 	if n == 0 && cp == w.cp {
 		return nil
 	}
-	next := manifest{Stream: w.s.stream, Tablet: w.tablet, Checkpoint: cp, Offset: w.offset + n, Updated: time.Now().UTC()}
-	if err := writeManifest(w.s.dir, w.tablet, next); err != nil {
-		// After a failed rename the old manifest stands; after a failed
-		// directory fsync either may be on disk. The writer is broken in
-		// both cases, and the next Open goes by what the manifest says.
+	next := manifest{Seq: w.seq + 1, Stream: w.s.stream, Tablet: w.tablet, Checkpoint: cp, Offset: w.offset + n, Updated: time.Now().UTC()}
+	if err := writeSlot(w.mf, next); err != nil {
+		// The slot written holds the manifest of two commits ago, never
+		// the current one: whatever reached the disk, the next Open reads
+		// either this commit or the previous one, whole. The writer is
+		// broken; the next Open goes by what the manifest says.
 		return w.fail(w.undo(fmt.Errorf("commit tablet %s: %w", w.tablet, err)))
 	}
-	w.cp, w.last, w.offset = cp, cp, next.Offset
+	w.cp, w.last, w.offset, w.seq = cp, cp, next.Offset, next.Seq
 	if cap(w.staged) > 16<<20 {
 		w.staged = nil // do not pin one huge batch's buffer
 	}
@@ -426,6 +480,9 @@ func (w *Writer) release() error {
 	var errs []error
 	if w.f != nil {
 		errs = append(errs, w.f.Close())
+	}
+	if w.mf != nil {
+		errs = append(errs, w.mf.Close())
 	}
 	errs = append(errs, w.lock.Close())
 	return errors.Join(errs...)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"slices"
@@ -202,7 +203,7 @@ func TestOpenWritesTheManifestBeforeAnyCommit(t *testing.T) {
 
 	m, err := readManifest(dir, "t-0001")
 	require.NoError(t, err, "the manifest exists as soon as Open returns")
-	require.Equal(t, manifest{Stream: stream, Tablet: "t-0001", Updated: m.Updated}, m, "zero checkpoint, nothing committed")
+	require.Equal(t, manifest{Seq: 1, Stream: stream, Tablet: "t-0001", Updated: m.Updated}, m, "zero checkpoint, nothing committed")
 	require.False(t, m.Updated.IsZero())
 	_, err = os.Stat(manifestPath(dir, "t-0001") + tempExt)
 	require.ErrorIs(t, err, os.ErrNotExist, "written through a temp file that is renamed away")
@@ -298,17 +299,123 @@ func TestCommitLeavesOnlyDataManifestAndLockFiles(t *testing.T) {
 		"t-0002.jsonl", "t-0002.lock", "t-0002.manifest.json",
 	}, names, "no temp file is left behind; only data files end in .jsonl")
 
+	// The manifest file as the README describes it to readers: two lines
+	// of 4096 bytes, each {"crc32c","manifest"}; the committed one is the
+	// valid line with the higher seq.
 	b, err := os.ReadFile(filepath.Join(dir, "t-0001.manifest.json"))
 	require.NoError(t, err)
-	var m map[string]any
-	require.NoError(t, json.Unmarshal(b, &m))
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	require.Len(t, lines, 3, "two lines, then nothing")
+	require.Empty(t, lines[2])
+	var best map[string]any
+	for _, l := range lines[:2] {
+		require.Len(t, l, 4096)
+		var sl struct {
+			CRC32C   uint32          `json:"crc32c"`
+			Manifest json.RawMessage `json:"manifest"`
+		}
+		require.NoError(t, json.Unmarshal(l, &sl))
+		require.Equal(t, crc32.Checksum(sl.Manifest, crc32.MakeTable(crc32.Castagnoli)), sl.CRC32C)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(sl.Manifest, &m))
+		if best == nil || m["seq"].(float64) > best["seq"].(float64) {
+			best = m
+		}
+	}
 	data, err := os.Stat(filepath.Join(dir, "t-0001.jsonl"))
 	require.NoError(t, err)
-	require.Equal(t, "orders", m["stream"])
-	require.Equal(t, "t-0001", m["tablet"])
-	require.Equal(t, "1.9", m["checkpoint"])
-	require.Equal(t, float64(data.Size()), m["offset"])
-	require.Contains(t, m, "updated")
+	require.Equal(t, "orders", best["stream"])
+	require.Equal(t, "t-0001", best["tablet"])
+	require.Equal(t, "1.9", best["checkpoint"])
+	require.Equal(t, float64(data.Size()), best["offset"])
+	require.Contains(t, best, "updated")
+}
+
+// TestCommitWritesTheManifestInPlace: commits rewrite a slot of the file
+// Open made (no new file, no rename), alternating slots.
+func TestCommitWritesTheManifestInPlace(t *testing.T) {
+	dir := t.TempDir()
+	w, err := newSink(t, dir).Open(ctx, "t-0001")
+	require.NoError(t, err)
+	defer w.Close()
+	before, err := os.Stat(manifestPath(dir, "t-0001"))
+	require.NoError(t, err)
+	recs := sinktest.Records("t-0001", 1, 6)
+	for i := range 3 {
+		require.NoError(t, w.Write(ctx, recs[2*i:2*i+2]))
+		require.NoError(t, w.Commit(ctx, recs[2*i+1].Position))
+		after, err := os.Stat(manifestPath(dir, "t-0001"))
+		require.NoError(t, err)
+		require.True(t, os.SameFile(before, after), "commit %d replaced the manifest file", i+1)
+		b, err := os.ReadFile(manifestPath(dir, "t-0001"))
+		require.NoError(t, err)
+		m, ok := decodeSlot(b[(uint64(i)+2)%2*slotSize : ((uint64(i)+2)%2+1)*slotSize])
+		require.True(t, ok)
+		require.Equal(t, uint64(i+2), m.Seq, "commit %d wrote slot %d", i+1, (i+2)%2)
+		require.Equal(t, recs[2*i+1].Position, m.Checkpoint)
+	}
+}
+
+// TestOpenGoesByThePreviousManifestWhenTheLastSlotIsTorn: a crash while a
+// commit writes its slot leaves that slot failing its checksum; the other
+// slot, the commit before, is what Open and readers go by, and the lines
+// the torn commit appended are an uncommitted tail.
+func TestOpenGoesByThePreviousManifestWhenTheLastSlotIsTorn(t *testing.T) {
+	dir := t.TempDir()
+	recs := sinktest.Records("t-0001", 1, 6)
+	commit(t, dir, "t-0001", recs[:3])
+	commit(t, dir, "t-0001", recs)
+	m, err := readManifest(dir, "t-0001")
+	require.NoError(t, err)
+	require.Equal(t, recs[5].Position, m.Checkpoint)
+
+	f, err := os.OpenFile(manifestPath(dir, "t-0001"), os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte(`{"crc32c":1,"manifest":{"seq":`), int64(m.Seq%2)*slotSize+40) // a torn write
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	require.Equal(t, recs[:3], readRecords(t, dir)["t-0001"], "readers stop at the previous commit")
+	w, err := newSink(t, dir).Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.Equal(t, recs[2].Position, w.Checkpoint())
+	require.NoError(t, w.Write(ctx, recs))
+	require.NoError(t, w.Commit(ctx, recs[5].Position))
+	require.NoError(t, w.Close())
+	require.Equal(t, recs, readRecords(t, dir)["t-0001"], "the tail was truncated and written again, once")
+
+	// Both slots bad: nothing says what is committed.
+	b, err := os.ReadFile(manifestPath(dir, "t-0001"))
+	require.NoError(t, err)
+	b[10], b[slotSize+10] = 'x', 'x'
+	require.NoError(t, os.WriteFile(manifestPath(dir, "t-0001"), b, 0o644))
+	_, err = newSink(t, dir).Open(ctx, "t-0001")
+	require.ErrorIs(t, err, sink.ErrCorrupt)
+	require.ErrorContains(t, err, "neither slot")
+	_, err = ReadDir(dir)
+	require.ErrorIs(t, err, ErrCorrupt)
+}
+
+// TestOpenReadsAndRewritesAManifestOfTheOldFormat: a tablet committed by
+// a worker from before the slots (one JSON object, replaced by rename) is
+// read as it is, and its first Open rewrites it in slots.
+func TestOpenReadsAndRewritesAManifestOfTheOldFormat(t *testing.T) {
+	dir := t.TempDir()
+	recs := sinktest.Records("t-0001", 1, 5)
+	commit(t, dir, "t-0001", recs[:3])
+	m, err := readManifest(dir, "t-0001")
+	require.NoError(t, err)
+	old, err := json.Marshal(map[string]any{"stream": stream, "tablet": "t-0001",
+		"checkpoint": m.Checkpoint, "offset": m.Offset, "updated": m.Updated})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(manifestPath(dir, "t-0001"), append(old, '\n'), 0o644))
+	require.Equal(t, recs[:3], readRecords(t, dir)["t-0001"], "readers take the old format")
+
+	commit(t, dir, "t-0001", recs)
+	require.Equal(t, recs, readRecords(t, dir)["t-0001"])
+	info, err := os.Stat(manifestPath(dir, "t-0001"))
+	require.NoError(t, err)
+	require.Equal(t, int64(2*slotSize), info.Size(), "rewritten in slots")
 }
 
 // TestWriterThatLostItsLockIsFenced removes the lock file under a writer,
