@@ -241,7 +241,7 @@ func run() error {
 	heartbeat := flag.String("heartbeat-timeout", "2m", "stream config run.heartbeatTimeout: the SDK sends a heartbeat every 0.8 × this, at most every 60 s (a server write per tablet)")
 	maxWait := flag.String("max-wait", "5s", "stream config batch.maxWait: an idle tablet's long-poll (one tabletd call per tablet per maxWait)")
 	refresh := flag.String("topology-refresh", "1m", "stream config topologyRefresh (each refresh describes every tablet workflow)")
-	var dynCfg stringList
+	var dynCfg procs.StringList
 	flag.Var(&dynCfg, "dynamic-config-value", "pass to the dev server (KEY=JSON), repeatable; none by default")
 	keep := flag.Bool("keep", false, "keep the temporary directory (kept anyway when the goal is missed)")
 	flag.Parse()
@@ -298,10 +298,7 @@ func run() error {
 	}
 
 	// The world: dev server, tabletd, worker.
-	var extra []string
-	for _, v := range dynCfg {
-		extra = append(extra, "--dynamic-config-value", v)
-	}
+	extra := procs.DevServerArgs(dynCfg)
 	publish.Logf("starting the dev server")
 	ds, err := testbed.StartDevServer(filepath.Join(bin, "temporal"), dir, extra...)
 	if err != nil {
@@ -798,11 +795,6 @@ func hostDesc() string {
 	}
 	return fmt.Sprintf("%d cores, %.0f GiB, %s/%s", runtime.NumCPU(), math.Round(mem), runtime.GOOS, runtime.GOARCH)
 }
-
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func ptr[T any](v T) *T { return &v }
 

@@ -1,9 +1,11 @@
 // Command throughput measures tabletflow end to end against a raw loop, in
 // one run, over the same tabletd data, and writes a JSON result.
 //
-// It starts, in a temporary directory, a Temporal dev server and a tabletd
-// (16 tablets × 3 replicas, no workload, no follower lag), preloads it with
-// --records records through the admin Workload RPC, then:
+// Each tablet count of --tablets (16 and 64 by default) is a case in a world
+// of its own: it starts, in a temporary directory, a Temporal dev server
+// and a tabletd (that many tablets × 3 replicas, no workload, no follower
+// lag), preloads it with --records records through the admin Workload RPC,
+// then:
 //
 //   - raw: one goroutine per tablet reads the PRIMARY replica
 //     (GetChanges, 1000 records, no wait) → JSONL sink write → commit →
@@ -15,7 +17,7 @@
 //     checkpoint is its last position.
 //
 // Both sinks are checked against tabletd's digest of their stream (count,
-// additive hash, no duplicates). Then the workload runs at a moderate rate
+// additive hash, no duplicates). In the first case only, the workload runs at a moderate rate
 // for --measure-events while the stream keeps up, and the events the
 // parent and one tablet workflow add to their histories in that window are
 // extrapolated to an hour. Last, the worker's peak and current RSS.
@@ -146,6 +148,9 @@ type result struct {
 	WorkerRSSMiB         float64 `json:"worker_rss_mib"`
 	HostLoadAvg1mAtStart float64 `json:"host_load_avg_1m_at_start"`
 	Command              string  `json:"command"`
+	// Cases: the other tablet counts' measurements (bulk only), each in
+	// this shape.
+	Cases []result `json:"cases,omitempty"`
 }
 
 func main() {
@@ -157,7 +162,7 @@ func main() {
 
 func run() error {
 	binDir := flag.String("bin", "./bin", "directory holding temporal, tabletd and worker")
-	tablets := flag.Int("tablets", 16, "tablets")
+	tabletsFlag := flag.String("tablets", "16,64", "comma-separated tablet counts, one case each in a world of its own; the live measurement runs in the first")
 	records := flag.Uint64("records", 1_200_000, "records to preload (at least; the exact total comes from the digest)")
 	// Above what tabletd can write (~100k records/s on 2 cores) its
 	// workload falls behind and catches up in ever larger steps that a
@@ -167,6 +172,8 @@ func run() error {
 	measureRate := flag.Float64("measure-rate", 2000, "workload rate during the history measurement, records/s")
 	out := flag.String("out", "", "write the result JSON here too")
 	cpuProfile := flag.String("cpu-profile", "", "write the worker's Go CPU profile over the live window to this file (go tool pprof reads it)")
+	var dynCfg procs.StringList
+	flag.Var(&dynCfg, "dynamic-config-value", "pass to the dev server (KEY=JSON), repeatable; none by default")
 	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
 	flag.Parse()
 
@@ -177,15 +184,59 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	var counts []int
+	for _, f := range strings.Split(*tabletsFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("--tablets: %q is not a tablet count", f)
+		}
+		counts = append(counts, n)
+	}
+	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
+		cpuProfile: *cpuProfile, devServer: procs.DevServerArgs(dynCfg), keep: *keep}
+	// The first count's case is the top level of the result (with the live
+	// measurement); the others follow in "cases".
+	var res result
+	for i, n := range counts {
+		one, err := runCase(ctx, c, n, i == 0)
+		if err != nil {
+			return fmt.Errorf("%d tablets: %w", n, err)
+		}
+		one.Command = "go run ./bench/throughput " + strings.Join(os.Args[1:], " ")
+		if i == 0 {
+			res = one
+		} else {
+			res.Cases = append(res.Cases, one)
+		}
+	}
+	return publish.JSON(*out, res)
+}
+
+// caseConfig is what every case of a run shares.
+type caseConfig struct {
+	bin         string
+	records     uint64
+	preloadRate float64
+	measure     time.Duration
+	measureRate float64
+	cpuProfile  string
+	devServer   []string
+	keep        bool
+}
+
+// runCase measures one tablet count in a world of its own (dev server,
+// tabletd, worker): the raw loop, tabletflow end to end, and with live
+// the history cost and the live CPU window.
+func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res result, err error) {
 	dir, err := os.MkdirTemp("", "tabletflow-throughput-")
 	if err != nil {
-		return err
+		return res, err
 	}
-	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}, cpuProfile: *cpuProfile}
+	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, devServer: c.devServer}
 	failed := true
 	defer func() {
 		b.procs.StopAll()
-		if failed || *keep {
+		if failed || c.keep {
 			fmt.Fprintln(os.Stderr, "throughput: kept", dir)
 			if failed {
 				b.dumpLogs()
@@ -195,14 +246,13 @@ func run() error {
 		_ = os.RemoveAll(dir)
 	}()
 
-	res := result{Date: time.Now().UTC().Format(time.RFC3339), Tablets: *tablets, GoalRatio: goalRatio,
-		MeasureRate: *measureRate, HostLoadAvg1mAtStart: procstat.LoadAvg(),
-		Command: "go run ./bench/throughput " + strings.Join(os.Args[1:], " ")}
+	res = result{Date: time.Now().UTC().Format(time.RFC3339), Tablets: tablets, GoalRatio: goalRatio,
+		HostLoadAvg1mAtStart: procstat.LoadAvg()}
 	if err := b.startTemporal(ctx); err != nil {
-		return err
+		return res, err
 	}
-	if err := b.startTabletd(ctx, *tablets); err != nil {
-		return err
+	if err := b.startTabletd(ctx, tablets); err != nil {
+		return res, err
 	}
 	defer b.close()
 
@@ -213,12 +263,12 @@ func run() error {
 	// freeing costs tabletd CPU, and only the second reader would pay it.
 	for _, s := range []string{rawStream, flowID, holdStream} {
 		if _, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: s, StartFrom: source.StartEarliest}); err != nil {
-			return err
+			return res, err
 		}
 	}
-	total, err := b.preload(ctx, *records, *preloadRate)
+	total, err := b.preload(ctx, c.records, c.preloadRate)
 	if err != nil {
-		return err
+		return res, err
 	}
 	res.Records = total
 
@@ -227,32 +277,32 @@ func run() error {
 	n, took, err := b.raw(ctx, rawDir)
 	res.CPURaw = b.cpu().Minus(cpu0)
 	if err != nil {
-		return fmt.Errorf("raw: %w", err)
+		return res, fmt.Errorf("raw: %w", err)
 	}
 	if n != total {
-		return fmt.Errorf("raw: read %d records, tabletd wrote %d", n, total)
+		return res, fmt.Errorf("raw: read %d records, tabletd wrote %d", n, total)
 	}
 	res.RawSeconds = took.Seconds()
 	res.RawRecordsPerS = float64(total) / took.Seconds()
 	publish.Logf("raw: %d records in %v: %.0f records/s", total, took.Round(time.Millisecond), res.RawRecordsPerS)
 
 	if err := b.startWorker(ctx); err != nil {
-		return err
+		return res, err
 	}
 	flowDir := filepath.Join(dir, "flow")
 	m0, err := promscrape.Get(b.metrics)
 	if err != nil {
-		return err
+		return res, err
 	}
 	cpu0 = b.cpu()
 	fl, err := b.flow(ctx, flowDir, total)
 	res.CPUTabletflow = b.cpu().Minus(cpu0)
 	if err != nil {
-		return fmt.Errorf("tabletflow: %w", err)
+		return res, fmt.Errorf("tabletflow: %w", err)
 	}
 	m1, err := promscrape.Get(b.metrics)
 	if err != nil {
-		return err
+		return res, err
 	}
 	res.Bulk = commitStats(m0, m1, res.CPUTabletflow["worker"])
 	res.TabletflowSeconds = fl.wall.Seconds()
@@ -271,13 +321,21 @@ func run() error {
 
 	for _, v := range []struct{ stream, dir string }{{rawStream, rawDir}, {flowID, flowDir}} {
 		if err := b.verify(ctx, v.stream, v.dir, total); err != nil {
-			return err
+			return res, err
 		}
 	}
 	res.Verified = true
 
-	if err := b.historyCost(ctx, *measure, *measureRate, &res); err != nil {
-		return fmt.Errorf("history cost: %w", err)
+	if !live {
+		if res.WorkerRSSMiB, res.WorkerPeakRSSMiB, err = testbed.Memory(b.worker.Pid()); err != nil {
+			return res, fmt.Errorf("worker memory: %w", err)
+		}
+		failed = false
+		return res, nil
+	}
+	res.MeasureRate = c.measureRate
+	if err := b.historyCost(ctx, c.measure, c.measureRate, &res); err != nil {
+		return res, fmt.Errorf("history cost: %w", err)
 	}
 	res.LiveCPUPer1kOverBulk = res.Live.WorkerCPUPer1k / res.Bulk.WorkerCPUPer1k
 	res.MeetsLiveGoal = res.LiveCPUPer1kOverBulk <= goalLiveCPU && res.Live.CommitLagP99S >= 0 && res.Live.CommitLagP99S <= goalLagP99S
@@ -285,18 +343,15 @@ func run() error {
 		res.Bulk.WorkerCPUPer1k, res.Live.WorkerCPUPer1k, res.LiveCPUPer1kOverBulk, goalLiveCPU,
 		res.Live.CommitLagP99S, goalLagP99S, res.Live.CommitsPerS, res.Live.AcksPerS, res.Live.FsyncsPerS)
 	if err := b.verify(ctx, flowID, flowDir, 0); err != nil {
-		return fmt.Errorf("after the history measurement: %w", err)
+		return res, fmt.Errorf("after the history measurement: %w", err)
 	}
 
 	if res.WorkerRSSMiB, res.WorkerPeakRSSMiB, err = testbed.Memory(b.worker.Pid()); err != nil {
-		return fmt.Errorf("worker memory: %w", err)
+		return res, fmt.Errorf("worker memory: %w", err)
 	}
 
-	if err := publish.JSON(*out, res); err != nil {
-		return err
-	}
 	failed = false
-	return nil
+	return res, nil
 }
 
 // bench is the run's world: child processes and clients.
@@ -313,6 +368,7 @@ type bench struct {
 	worker       *procs.Proc
 	metrics      string    // the worker's /metrics URL
 	cpuProfile   string    // where to write the worker's live-window CPU profile; empty: none
+	devServer    []string  // extra dev server arguments
 	flowStart    time.Time // when the StreamWorkflow was started
 }
 
@@ -331,7 +387,7 @@ func (b *bench) startTemporal(ctx context.Context) error {
 		for _, sa := range workflows.SearchAttributes {
 			args = append(args, "--search-attribute", sa+"=Keyword")
 		}
-		p, err := b.procs.Start("temporal", args...)
+		p, err := b.procs.Start("temporal", append(args, b.devServer...)...)
 		if err != nil {
 			return err
 		}

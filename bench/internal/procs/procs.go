@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -120,4 +121,20 @@ func Sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// StringList is a repeatable string flag (flag.Var).
+type StringList []string
+
+func (s *StringList) String() string     { return strings.Join(*s, ",") }
+func (s *StringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// DevServerArgs turns KEY=JSON values into the dev server's
+// --dynamic-config-value arguments.
+func DevServerArgs(dynamicConfig []string) []string {
+	var out []string
+	for _, v := range dynamicConfig {
+		out = append(out, "--dynamic-config-value", v)
+	}
+	return out
 }
