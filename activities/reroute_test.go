@@ -104,6 +104,53 @@ func TestGetChangesMovesToAnotherReplicaInPlaceWhenTheOperatorExcludesItsReplica
 	require.Equal(t, otherAlias, beats[len(beats)-1].hb.Switched.Replica.Alias)
 }
 
+// A slow server does not slow the reads: the move's progress signal waits
+// in its queue while the run commits from the new replica, and reaches
+// the workflow before the run returns.
+func TestGetChangesReadsOnWhileItsProgressSignalsWait(t *testing.T) {
+	r, stream := rerouteRig(t)
+	stream.hold = make(chan struct{})
+	in := input()
+	in.Reroute = &Reroute{}
+	type outcome struct {
+		res GetChangesResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := r.run(r.activityEnv(context.Background()), in)
+		done <- outcome{res, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.mem.checkpoint(testTablet) != cp(6) {
+		require.True(t, time.Now().Before(deadline), "the run did not commit the new replica's records while its signals waited")
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.Empty(t, stream.signalled())
+	select {
+	case <-done:
+		t.Fatal("the run returned before its signals were sent")
+	default:
+	}
+	close(stream.hold)
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run did not return once its signals were taken")
+	}
+	require.NoError(t, o.err)
+	require.Equal(t, otherAlias, o.res.Switched.Replica.Alias)
+	var got []Progress
+	for _, s := range stream.signalled() {
+		if p, ok := s.(Progress); ok {
+			got = append(got, p)
+		}
+	}
+	require.Len(t, got, 1, "the move's signal, sent once the server took it")
+	require.Equal(t, otherAlias, got[0].Switched.Replica.Alias)
+}
+
 // Without Reroute (a tablet workflow from before the change) or with no
 // other eligible replica, an exclusion ends the run as it always did, and
 // the tablet workflow selects.

@@ -190,6 +190,8 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	// Until this attempt commits, its heartbeat says why the last one failed.
 	beat := startHeartbeats(func(d Heartbeat) { activity.RecordHeartbeat(ctx, d) }, progress(hb.LastError), info.HeartbeatTimeout/3)
 	defer beat.stop()
+	sig := a.startSignals(ctx, info)
+	defer sig.close()
 	fail := func(err error) (GetChangesResult, error) {
 		// Recorded so the next attempt can report why this one failed.
 		beat.set(progress(err.Error()))
@@ -207,7 +209,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		return res, fatalf("%v", err)
 	}
 	if info.Attempt > 1 {
-		a.signal(ctx, info, Progress{State: "Retrying", Attempt: info.Attempt, LastError: hb.LastError, Replica: replica.Alias})
+		sig.send(Progress{State: "Retrying", Attempt: info.Attempt, LastError: hb.LastError, Replica: replica.Alias})
 		// Retry same, as Vitess means it: first ask the topology about the
 		// replica; if it is down, not serving or unhealthy, re-select now.
 		if why := replicaTrouble(ctx, src, in.Tablet, replica.Alias); why != "" {
@@ -324,7 +326,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		beat.set(progress(""))
 		if !recovered {
 			recovered = true
-			a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias})
+			sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias})
 		}
 		log.Debug("batch committed", zap.Int("records", n), zap.Int("polls", len(group)),
 			zap.Stringer("checkpoint", res.Checkpoint), zap.Duration("took", a.now().Sub(began)))
@@ -360,7 +362,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 							log.Info("moved to another replica in place", zap.String("to", next.Replica.Alias))
 							cur, replica, log, res.Switched, slotRead = r, next.Replica, nlog, &next, time.Time{}
 							beat.set(progress(""))
-							a.signal(ctx, info, Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next})
+							sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next})
 							continue
 						}
 						log.Warn("could not open the replica picked in place; the tablet selects again",

@@ -570,10 +570,18 @@ type fakeStream struct {
 	list    config.ExcludeList
 	delay   time.Duration
 	queries int
-	signals []any // what the activities signalled, in order
+	signals []any         // what the activities signalled, in order
+	hold    chan struct{} // if set, a signal is taken only once it is closed (a slow server)
 }
 
-func (f *fakeStream) SignalWorkflow(_ context.Context, _, _, _ string, arg any) error {
+func (f *fakeStream) SignalWorkflow(ctx context.Context, _, _, _ string, arg any) error {
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.signals = append(f.signals, arg)
