@@ -41,6 +41,7 @@
 package jsonl
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -212,6 +213,8 @@ type Writer struct {
 	f      *os.File
 	mf     *os.File          // the manifest file, open for its slots
 	mfInfo os.FileInfo       // mf's identity: a manifest replaced behind us is another file
+	slots  []byte            // mf's bytes as this writer last read or wrote them
+	buf    []byte            // for reading mf back
 	seq    uint64            // the committed manifest's Seq
 	cp     source.Checkpoint // stored checkpoint as this writer knows it
 	offset int64             // committed bytes of the data file
@@ -283,18 +286,24 @@ func (w *Writer) openManifest() error {
 		_ = mf.Close()
 		return fmt.Errorf("open manifest: %w", err)
 	}
+	slots, err := readSlots(mf, nil)
+	if err != nil {
+		_ = mf.Close()
+		return fmt.Errorf("open manifest: %w", err)
+	}
 	if w.mf != nil {
 		_ = w.mf.Close()
 	}
-	w.mf, w.mfInfo = mf, info
+	w.mf, w.mfInfo, w.slots = mf, info, slots
 	return nil
 }
 
 // stored returns the committed manifest as it is on disk now: through the
-// open manifest file, or, when the file at the manifest's path is another
-// one (replaced behind this writer), from that file, which the writer
-// then keeps. A missing manifest is ErrCorrupt: Open wrote one, so it is
-// lost state, not a new tablet.
+// open manifest file (bytes unchanged since this writer wrote or read them
+// are its own manifest, and need no parsing), or, when the file at the
+// manifest's path is another one (replaced behind this writer), from that
+// file, which the writer then keeps. A missing manifest is ErrCorrupt:
+// Open wrote one, so it is lost state, not a new tablet.
 func (w *Writer) stored() (manifest, error) {
 	info, err := os.Stat(manifestPath(w.s.dir, w.tablet))
 	switch {
@@ -303,7 +312,15 @@ func (w *Writer) stored() (manifest, error) {
 	case err != nil:
 		return manifest{}, fmt.Errorf("stat manifest: %w", err)
 	case os.SameFile(info, w.mfInfo):
-		return readSlots(w.mf, w.tablet)
+		b, err := readSlots(w.mf, w.buf)
+		if err != nil {
+			return manifest{}, err
+		}
+		w.buf = b
+		if bytes.Equal(b, w.slots) {
+			return manifest{Seq: w.seq, Checkpoint: w.cp, Offset: w.offset}, nil
+		}
+		return parseSlots(w.tablet, b)
 	}
 	m, legacy, err := readManifestFile(w.s.dir, w.tablet)
 	if err == nil && legacy {
@@ -406,7 +423,7 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		return nil
 	}
 	next := manifest{Seq: w.seq + 1, Stream: w.s.stream, Tablet: w.tablet, Checkpoint: cp, Offset: w.offset + n, Updated: time.Now().UTC()}
-	if err := writeSlot(w.mf, next); err != nil {
+	if err := writeSlot(w.mf, w.slots, next); err != nil {
 		// The slot written holds the manifest of two commits ago, never
 		// the current one: whatever reached the disk, the next Open reads
 		// either this commit or the previous one, whole. The writer is

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/tabletflow/tabletflow/source"
@@ -153,31 +154,42 @@ func readManifestFile(dir, tablet string) (manifest, bool, error) {
 	return parseManifest(tablet, b)
 }
 
-// readSlots reads the committed manifest through an open manifest file.
-func readSlots(f *os.File, tablet string) (manifest, error) {
-	b := make([]byte, 2*slotSize+1) // one more: a longer file is not slots
-	n, err := f.ReadAt(b, 0)
+// readSlots reads an open manifest file's bytes into buf (grown to
+// 2*slotSize+1: one more, as a longer file is not slots) and returns them.
+func readSlots(f *os.File, buf []byte) ([]byte, error) {
+	buf = slices.Grow(buf[:0], 2*slotSize+1)[:2*slotSize+1]
+	n, err := f.ReadAt(buf, 0)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return manifest{}, fmt.Errorf("read manifest: %w", err)
+		return nil, fmt.Errorf("read manifest: %w", err)
 	}
-	m, legacy, err := parseManifest(tablet, b[:n])
+	return buf[:n], nil
+}
+
+// parseSlots is parseManifest for a file that must be in slots.
+func parseSlots(tablet string, b []byte) (manifest, error) {
+	m, legacy, err := parseManifest(tablet, b)
 	if err == nil && legacy {
 		err = fmt.Errorf("%w: manifest of tablet %s was rewritten in the old format", ErrCorrupt, tablet)
 	}
 	return m, err
 }
 
-// writeSlot stores m in its slot of the open manifest file, durably.
-func writeSlot(f *os.File, m manifest) error {
+// writeSlot stores m in its slot of the open manifest file, durably, and
+// in slots, the file's bytes as the writer knows them.
+func writeSlot(f *os.File, slots []byte, m manifest) error {
 	b, err := encodeSlot(m)
 	if err != nil {
 		return err
 	}
-	if _, err := f.WriteAt(b, int64(m.Seq%2)*slotSize); err != nil {
+	at := int64(m.Seq%2) * slotSize
+	if _, err := f.WriteAt(b, at); err != nil {
 		return fmt.Errorf("write manifest: %w", err)
 	}
 	if err := datasync(f); err != nil {
 		return fmt.Errorf("sync manifest: %w", err)
+	}
+	if len(slots) == 2*slotSize {
+		copy(slots[at:], b)
 	}
 	return nil
 }
