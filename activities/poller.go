@@ -42,10 +42,11 @@ type polled struct {
 // startPoller starts reading rd from req.From. The polls run on a child
 // of ctx, each bounded by req.MaxWait plus pollSlack. After a read that
 // brought records but fewer than req.MaxRecords (the tablet is caught up
-// and records trickle in), the next read waits linger after that one was
-// handed over, so that it brings what arrived meanwhile in one
-// batch — the group commit — instead of a record or two per read, each
-// then costing a commit, an acknowledgement and a heartbeat.
+// and records trickle in), the next read waits about linger after that
+// one was handed over (lingerFor: on a grid shared by the worker's
+// tablets), so that it brings what arrived meanwhile in one batch — the
+// group commit — instead of a record or two per read, each then costing a
+// commit, an acknowledgement and a heartbeat.
 func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, linger time.Duration,
 	now func() time.Time, log *zap.Logger, m *metrics.Metrics) *poller {
 	ctx, cancel := context.WithCancel(ctx)
@@ -82,7 +83,7 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 			req.From = b.Checkpoint
 		}
 		if n := len(b.Records); n > 0 && n < req.MaxRecords && p.linger > 0 {
-			t := time.NewTimer(p.linger)
+			t := time.NewTimer(lingerFor(time.Now(), p.linger))
 			select {
 			case <-t.C:
 			case <-ctx.Done():
@@ -91,6 +92,22 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 			}
 		}
 	}
+}
+
+// lingerFor is how long a read that brought a trickle of records waits
+// at now: until the first multiple of linger on the clock at least half a
+// linger away. The multiples are shared by every tablet this worker
+// reads, so their reads and commits come together, once per linger,
+// rather than spread over it: the worker wakes once for all of them, and
+// their syncs share the filesystem's journal commits. A tablet in step
+// reads exactly every linger; one joining waits between half a linger and
+// one and a half.
+func lingerFor(now time.Time, linger time.Duration) time.Duration {
+	d := linger - time.Duration(now.UnixNano()%int64(linger))
+	if d < linger/2 {
+		d += linger
+	}
+	return d
 }
 
 // ack asks for cp (committed to the sink) to be acknowledged to the source
