@@ -46,11 +46,13 @@ bench: build $(BIN)/temporal pg ## benchmarks; results into bench/results
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
 	go run ./bench/pgsource --bin $(BIN) --out bench/results/pgsource.json
 	go run ./bench/pgsink --out bench/results/pgsink.json
+	go run ./bench/scale --bin $(BIN) --tablets 1000 --steady 2m --out bench/results/scale.json
 	go run ./bench/report --results bench/results --readme README.md
 
-bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams, then 5 min steady (~30 min); bench/results/scale.json
+bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams, then 5 min steady (~30 min); bench/results/scale-5000.json
 	mkdir -p bench/results
-	go run ./bench/scale --bin $(BIN) --tablets 5000 --out bench/results/scale.json
+	go run ./bench/scale --bin $(BIN) --tablets 5000 --out bench/results/scale-5000.json
+	go run ./bench/report --results bench/results --readme README.md
 
 soak: build ## tabletd memory soak: 64 tablets × 3 replicas, 20k records/s, 10 minutes
 	mkdir -p bench/results

@@ -79,7 +79,8 @@ func goals(r *results) []row {
 		latencyRow(r, "down", keyDown, "server down → records from elsewhere (initial retry interval 1 s + 1 s)", goalDownP99S),
 	)
 	rows = append(rows, isolationRatioRow(r), isolationStallRow(r))
-	rows = append(rows, scaleRow(r))
+	rows = append(rows, scaleRow(r, "scale", scaleFile, "1,000 tablets, `make bench`"),
+		scaleRow(r, "scale-5000", scaleFullFile, "5,000 tablets, `make bench-full`"))
 	rows = append(rows, getChangesRow(r), pgSourceRow(r), pgSinkRow(r), soakRow(r))
 	return rows
 }
@@ -513,11 +514,11 @@ func scaleMiBPerTablet(o object, tablets float64) (float64, bool) {
 	return 0, false
 }
 
-func scaleRow(r *results) row {
-	goal := row{ID: "scale", Area: "Scale",
-		Measure: "worker RSS per tablet beyond a fixed base, one worker (goal stated for 1,000 tablets)",
+func scaleRow(r *results, id, file, setup string) row {
+	goal := row{ID: id, Area: "Scale",
+		Measure: "worker RSS per tablet beyond a fixed base, one worker (" + setup + ")",
 		Goal:    fmt.Sprintf("≤ %v MiB per tablet", goalScaleMiBPerTable)}
-	f := r.file(scaleFile)
+	f := r.file(file)
 	if f.Data == nil {
 		return goal.none(fileProblem(f), sourceName(f))
 	}

@@ -147,7 +147,8 @@ const (
 	throughputFile      = "throughput.json"
 	reactionFile        = "reaction.json"
 	reactionExcludeFile = "reaction-exclude.json"
-	scaleFile           = "scale.json"
+	scaleFile           = "scale.json"      // 1,000 tablets (make bench)
+	scaleFullFile       = "scale-5000.json" // 5,000 tablets (make bench-full)
 	getChangesFile      = "getchanges.json"
 	pgSourceFile        = "pgsource.json"
 	pgSinkFile          = "pgsink.json"
@@ -155,7 +156,7 @@ const (
 )
 
 var expectedFiles = []string{
-	throughputFile, reactionFile, reactionExcludeFile, scaleFile,
+	throughputFile, reactionFile, reactionExcludeFile, scaleFile, scaleFullFile,
 	getChangesFile, pgSourceFile, pgSinkFile, soakFile,
 }
 

@@ -34,7 +34,7 @@
 // goal is a result too: it says so, with the figures, keeps its logs and
 // exits 0 (it exits 1 only when it could not measure).
 //
-//	go run ./bench/scale --bin ./bin --tablets 5000 --out bench/results/scale.json
+//	go run ./bench/scale --bin ./bin --tablets 5000 --out bench/results/scale-5000.json
 package main
 
 import (
