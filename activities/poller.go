@@ -26,6 +26,7 @@ type poller struct {
 	m      *metrics.Metrics
 	linger time.Duration
 
+	acks    chan struct{} // a checkpoint to acknowledge came in (wakes a lingering poller)
 	mu      sync.Mutex
 	pending source.Checkpoint // to acknowledge at the next chance
 	acked   source.Checkpoint // acknowledged
@@ -51,7 +52,7 @@ func startPoller(ctx context.Context, rd source.ReplicaReader, req source.Change
 	now func() time.Time, log *zap.Logger, m *metrics.Metrics) *poller {
 	ctx, cancel := context.WithCancel(ctx)
 	p := &poller{out: make(chan polled, 1), cancel: cancel, done: make(chan struct{}), rd: rd, req: req, log: log, m: m,
-		linger: linger, acked: req.From}
+		linger: linger, acked: req.From, acks: make(chan struct{}, 1)}
 	go p.loop(ctx, now)
 	return p
 }
@@ -83,12 +84,20 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 			req.From = b.Checkpoint
 		}
 		if n := len(b.Records); n > 0 && n < req.MaxRecords && p.linger > 0 {
+			// While it lingers, the poller acknowledges a commit that is due
+			// (the first of a run at once): the source hears of it without
+			// waiting for the next read.
 			t := time.NewTimer(lingerFor(time.Now(), p.linger))
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return
+			for lingering := true; lingering; {
+				select {
+				case <-t.C:
+					lingering = false
+				case <-p.acks:
+					p.sendAck(ctx, false)
+				case <-ctx.Done():
+					t.Stop()
+					return
+				}
 			}
 		}
 	}
@@ -117,6 +126,10 @@ func (p *poller) ack(cp source.Checkpoint) {
 	defer p.mu.Unlock()
 	if cp.Compare(p.pending) > 0 {
 		p.pending = cp
+		select {
+		case p.acks <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -125,35 +125,34 @@ func run() error {
 
 	res := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "repeats": *repeats,
 		"command": "go run ./bench/reaction " + strings.Join(os.Args[1:], " ")}
-	if want["mismatch"] {
-		mm, err := mismatch(c, dir, *repeats)
+	// A case that fails is recorded as such and the others still run:
+	// the result keeps what was measured, and "errors" says what was not.
+	failed := map[string]string{}
+	measure := func(key string, f func() (any, error)) {
+		v, err := f()
 		if err != nil {
-			return fmt.Errorf("mismatch: %w", err)
+			fmt.Fprintf(os.Stderr, "reaction: %s: %v\n", key, err)
+			failed[key] = err.Error()
+			return
 		}
-		res["mismatch_to_other_replica_s"] = mm
+		res[key] = v
+	}
+	if want["mismatch"] {
+		measure("mismatch_to_other_replica_s", func() (any, error) { return mismatch(c, dir, *repeats) })
 	}
 	if want["exclude"] {
 		for _, n := range excludeCounts {
-			ex, err := exclude(c, dir, n, *repeats)
-			if err != nil {
-				return fmt.Errorf("exclude %d: %w", n, err)
-			}
-			res[fmt.Sprintf("exclude_to_elsewhere_%d_tablets_s", n)] = ex
+			measure(fmt.Sprintf("exclude_to_elsewhere_%d_tablets_s", n), func() (any, error) { return exclude(c, dir, n, *repeats) })
 		}
 	}
 	if want["down"] {
-		dn, err := down(c, dir, *repeats)
-		if err != nil {
-			return fmt.Errorf("down: %w", err)
-		}
-		res["down_to_elsewhere_s"] = dn
+		measure("down_to_elsewhere_s", func() (any, error) { return down(c, dir, *repeats) })
 	}
 	if want["isolation"] {
-		iso, err := isolation(c, dir, *pairs)
-		if err != nil {
-			return fmt.Errorf("isolation: %w", err)
-		}
-		res["isolation"] = iso
+		measure("isolation", func() (any, error) { return isolation(c, dir, *pairs) })
+	}
+	if len(failed) > 0 {
+		res["errors"] = failed
 	}
 	// Issue 11's goals, each over at least 20 trials (p99: nearest rank).
 	res["goals"] = map[string]string{"mismatch": "p99 <= 1s", "exclude": "p99 <= 2s at 64 and 256 tablets",
