@@ -331,19 +331,28 @@ func newRig(t *testing.T) *rig {
 	return r
 }
 
-// runWithin runs GetChanges like run, failing the test with why if it
-// does not return within 30 s.
-func (r *rig) runWithin(t *testing.T, in GetChangesInput, why string) (GetChangesResult, error) {
-	t.Helper()
-	type outcome struct {
-		res GetChangesResult
-		err error
-	}
+// outcome is what a GetChanges run returned.
+type outcome struct {
+	res GetChangesResult
+	err error
+}
+
+// start runs GetChanges like run, in the background; its outcome comes
+// on the channel.
+func (r *rig) start(in GetChangesInput) <-chan outcome {
 	done := make(chan outcome, 1)
 	go func() {
 		res, err := r.run(r.activityEnv(context.Background()), in)
 		done <- outcome{res, err}
 	}()
+	return done
+}
+
+// runWithin runs GetChanges like run, failing the test with why if it
+// does not return within 30 s.
+func (r *rig) runWithin(t *testing.T, in GetChangesInput, why string) (GetChangesResult, error) {
+	t.Helper()
+	done := r.start(in)
 	select {
 	case o := <-done:
 		return o.res, o.err

@@ -112,15 +112,7 @@ func TestGetChangesReadsOnWhileItsProgressSignalsWait(t *testing.T) {
 	stream.hold = make(chan struct{})
 	in := input()
 	in.Reroute = &Reroute{}
-	type outcome struct {
-		res GetChangesResult
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := r.run(r.activityEnv(context.Background()), in)
-		done <- outcome{res, err}
-	}()
+	done := r.start(in)
 	deadline := time.Now().Add(10 * time.Second)
 	for r.mem.checkpoint(testTablet) != cp(6) {
 		require.True(t, time.Now().Before(deadline), "the run did not commit the new replica's records while its signals waited")

@@ -42,6 +42,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
@@ -94,13 +95,9 @@ func run() error {
 	for _, c := range strings.Split(*cases, ",") {
 		want[strings.TrimSpace(c)] = true
 	}
-	var excludeCounts []int
-	for _, f := range strings.Split(*excludeAt, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return fmt.Errorf("--exclude-tablets: %q is not a tablet count", f)
-		}
-		excludeCounts = append(excludeCounts, n)
+	excludeCounts, err := procs.TabletCounts("exclude-tablets", *excludeAt)
+	if err != nil {
+		return err
 	}
 	binDir = *bin
 	dir, err := os.MkdirTemp("", "tabletflow-reaction-")

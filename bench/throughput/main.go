@@ -184,13 +184,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	var counts []int
-	for _, f := range strings.Split(*tabletsFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return fmt.Errorf("--tablets: %q is not a tablet count", f)
-		}
-		counts = append(counts, n)
+	counts, err := procs.TabletCounts("tablets", *tabletsFlag)
+	if err != nil {
+		return err
 	}
 	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
 		cpuProfile: *cpuProfile, devServer: procs.DevServerArgs(dynCfg), keep: *keep}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -137,4 +138,18 @@ func DevServerArgs(dynamicConfig []string) []string {
 		out = append(out, "--dynamic-config-value", v)
 	}
 	return out
+}
+
+// TabletCounts parses a comma-separated list of tablet counts given as
+// the flag named flag.
+func TabletCounts(flag, value string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(value, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--%s: %q is not a tablet count", flag, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }

@@ -80,3 +80,13 @@ func TestSleepEndsWithTheContext(t *testing.T) {
 	require.ErrorIs(t, Sleep(ctx, time.Hour), context.Canceled)
 	require.NoError(t, Sleep(context.Background(), time.Millisecond))
 }
+
+func TestTabletCountsParsesAListAndNamesTheFlagOnABadOne(t *testing.T) {
+	got, err := TabletCounts("tablets", "16, 64")
+	require.NoError(t, err)
+	require.Equal(t, []int{16, 64}, got)
+	for _, bad := range []string{"", "16,", "0", "-4", "x"} {
+		_, err := TabletCounts("tablets", bad)
+		require.ErrorContains(t, err, "--tablets: ", "%q", bad)
+	}
+}
