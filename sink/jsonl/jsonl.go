@@ -26,8 +26,9 @@
 // manifest into the slot that does not hold the current one, and syncs
 // that. The manifest is the commit point: a crash before its slot is whole
 // on disk leaves the previous manifest and a tail that the next Open
-// truncates, and readers never look past the manifest's offset. The manifest's checkpoint is stored with the data it covers, so a
-// re-read batch is skipped by Write.
+// truncates, and readers never look past the manifest's offset. The
+// manifest's checkpoint is stored with the data it covers, so a re-read
+// batch is skipped by Write.
 //
 // Fencing: the lock keeps one writer per tablet across processes on one
 // host. Behind it, Commit is a compare-and-set on the manifest: it fails
