@@ -216,7 +216,9 @@ func (b *bed) start(id string, extra map[string]any) error {
 
 func (b *bed) status(id string) (workflows.StreamStatus, error) {
 	var st workflows.StreamStatus
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// A stream starting hundreds of tablets answers late (its workflow
+	// tasks queue behind the children's starts): 10 s, as bench/scale.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	v, err := b.temporal.QueryWorkflow(ctx, id, "", workflows.QueryStatus)
 	if err != nil {
