@@ -42,8 +42,9 @@ type polled struct {
 
 // startPoller starts reading rd from req.From. The polls run on a child
 // of ctx, each bounded by req.MaxWait plus pollSlack. After a read that
-// brought records but fewer than req.MaxRecords (the tablet is caught up
-// and records trickle in), the next read waits about linger after that
+// brought records but fewer than req.MaxRecords and says it is caught up
+// (records trickle in; a read that stopped short of a whole transaction
+// that would not fit is not), the next read waits about linger after that
 // one was handed over (lingerFor: on a grid shared by the worker's
 // tablets), so that it brings what arrived meanwhile in one batch — the
 // group commit — instead of a record or two per read, each then costing a
@@ -83,7 +84,7 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 		if b.Checkpoint.Compare(req.From) > 0 {
 			req.From = b.Checkpoint
 		}
-		if n := len(b.Records); n > 0 && n < req.MaxRecords && p.linger > 0 {
+		if n := len(b.Records); n > 0 && n < req.MaxRecords && b.CaughtUp && p.linger > 0 {
 			// While it lingers, the poller acknowledges a commit that is due
 			// (the first of a run at once): the source hears of it without
 			// waiting for the next read.

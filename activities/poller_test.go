@@ -27,7 +27,7 @@ func (r *trickleReader) GetChanges(ctx context.Context, req source.ChangesReques
 	n := r.reads
 	r.mu.Unlock()
 	if n == 1 {
-		return source.Batch{Records: sinktest.Records(testTablet, 1, 2), Checkpoint: cp(2)}, nil
+		return source.Batch{Records: sinktest.Records(testTablet, 1, 2), Checkpoint: cp(2), CaughtUp: true}, nil
 	}
 	<-ctx.Done()
 	return source.Batch{}, ctx.Err()

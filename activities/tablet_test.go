@@ -538,6 +538,21 @@ func TestGetChangesLingersAfterASmallReadOnly(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, cp(4), r.mem.checkpoint(testTablet))
 	})
+	t.Run("a small read that is not caught up: the next one at once", func(t *testing.T) {
+		// A PostgreSQL read ends before a transaction that would not fit:
+		// fewer than maxRecords, with more waiting. Lingering there made a
+		// backlog drain one small batch per linger.
+		r := newRig(t)
+		partial := func(from, to uint64) source.Batch {
+			b := batch(from, to)
+			b.CaughtUp = false
+			return b
+		}
+		timed(r, partial(1, 1), partial(2, 3))
+		_, err := r.runWithin(t, withLinger(100, time.Hour), "a read with more waiting was followed by the linger")
+		require.NoError(t, err)
+		require.Equal(t, cp(3), r.mem.checkpoint(testTablet))
+	})
 	t.Run("an empty read: the next one at once", func(t *testing.T) {
 		r := newRig(t)
 		timed(r, source.Batch{Checkpoint: cp(0), CaughtUp: true}, batch(1, 1))

@@ -116,7 +116,7 @@ type Batch struct {
 	MaxRecords int      `json:"maxRecords,omitempty"`
 	MaxWait    Duration `json:"maxWait,omitempty"`
 	// Linger is the group commit's wait: after a read that brought records
-	// but fewer than MaxRecords, the next read waits about this long (until
+	// but fewer than MaxRecords and found the replica caught up, the next read waits about this long (until
 	// a multiple of it on the worker's clock), so what arrives meanwhile is
 	// read and committed at once. Absent:
 	// DefaultLinger; 0s: read again at once.
