@@ -178,11 +178,13 @@ func streamConfig(t *testing.T) json.RawMessage {
 	return b
 }
 
-func queryStatus(t *testing.T, env *testsuite.TestWorkflowEnvironment) StreamStatus {
+// queryStatus reads the status of the workflow env runs: a StreamStatus
+// or a TabletStatus.
+func queryStatus[T StreamStatus | TabletStatus](t *testing.T, env *testsuite.TestWorkflowEnvironment) T {
 	t.Helper()
 	v, err := env.QueryWorkflow(QueryStatus)
 	require.NoError(t, err)
-	var st StreamStatus
+	var st T
 	require.NoError(t, v.Get(&st))
 	return st
 }
@@ -219,7 +221,7 @@ func TestStreamRestartsATabletThatClosedWithoutATerminalReport(t *testing.T) {
 		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Replica: "zone1-0000000101", Checkpoint: cp(77), Records: 77, Updated: env.Now()})
 	}, 5*time.Second)
 	var st StreamStatus
-	env.RegisterDelayedCallback(func() { st = queryStatus(t, env); env.CancelWorkflow() }, 25*time.Second)
+	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 25*time.Second)
 	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
 
 	require.Len(t, r.starts, 2, "started, then restarted once")
@@ -250,7 +252,7 @@ func TestStreamAppliesALostSplitReportFromTheClosedTablet(t *testing.T) {
 	var r tabletRunner
 	r.mock(env)
 	var st StreamStatus
-	env.RegisterDelayedCallback(func() { st = queryStatus(t, env); env.CancelWorkflow() }, 35*time.Second)
+	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 35*time.Second)
 	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
 
 	require.Len(t, r.starts, 3)
@@ -303,8 +305,8 @@ func TestStreamTakesCommandsWhileTheTopologyIsUnreachable(t *testing.T) {
 		// The second read is retrying: the stream still takes the signal.
 		env.SignalWorkflow(CmdExclude, json.RawMessage(`{"aliases": ["zone1-0000000102"], "reason": "maintenance"}`))
 	}, 15*time.Second)
-	env.RegisterDelayedCallback(func() { during = queryStatus(t, env) }, 16*time.Second)
-	env.RegisterDelayedCallback(func() { later = queryStatus(t, env); env.CancelWorkflow() }, 2*time.Minute)
+	env.RegisterDelayedCallback(func() { during = queryStatus[StreamStatus](t, env) }, 16*time.Second)
+	env.RegisterDelayedCallback(func() { later = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 2*time.Minute)
 	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
 
 	require.Len(t, during.Exclude, 1, "the exclusion is applied while the topology read retries")
@@ -492,7 +494,7 @@ func TestStreamSaysWhenATabletsWorkflowTaskKeepsFailing(t *testing.T) {
 		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Seq: 1, Updated: env.Now()})
 	}, 5*time.Second)
 	var st StreamStatus
-	env.RegisterDelayedCallback(func() { st = queryStatus(t, env); env.CancelWorkflow() }, 15*time.Second)
+	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 15*time.Second)
 	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
 
 	// A stuck tablet workflow is running: nothing to restart, but its row

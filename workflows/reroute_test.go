@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/temporal"
-	"go.temporal.io/sdk/testsuite"
 
 	"github.com/tabletflow/tabletflow/activities"
 )
@@ -48,9 +47,9 @@ func TestTabletTakesTheReplicaARunMovedToInPlace(t *testing.T) {
 		env.SignalWorkflow(activities.SignalProgress, activities.Progress{State: "Streaming", Attempt: 1,
 			Replica: movedBySignal.Replica.Alias, Switched: &movedBySignal})
 	}, 90*time.Second)
-	env.RegisterDelayedCallback(func() { moved = queryTablet(t, env) }, 100*time.Second)
+	env.RegisterDelayedCallback(func() { moved = queryStatus[TabletStatus](t, env) }, 100*time.Second)
 	var status TabletStatus
-	env.RegisterDelayedCallback(func() { status = queryTablet(t, env); env.CancelWorkflow() }, 150*time.Second)
+	env.RegisterDelayedCallback(func() { status = queryStatus[TabletStatus](t, env); env.CancelWorkflow() }, 150*time.Second)
 	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, (*TabletState)(nil))
 
 	require.GreaterOrEqual(t, len(calls), 2)
@@ -62,14 +61,4 @@ func TestTabletTakesTheReplicaARunMovedToInPlace(t *testing.T) {
 	require.Equal(t, movedBySignal.Replica.Alias, status.Excluded[0].Alias, "the error counts against the replica moved to")
 	require.Equal(t, "POSITION_MISMATCH", status.Excluded[0].Reason)
 	require.Equal(t, 2, selections, "one selection at the start, one after the failure; none after a move")
-}
-
-// queryTablet reads a tablet workflow's status.
-func queryTablet(t *testing.T, env *testsuite.TestWorkflowEnvironment) TabletStatus {
-	t.Helper()
-	v, err := env.QueryWorkflow(QueryStatus)
-	require.NoError(t, err)
-	var st TabletStatus
-	require.NoError(t, v.Get(&st))
-	return st
 }

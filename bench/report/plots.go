@@ -68,6 +68,15 @@ func emptyPlot(title string) *plot.Plot {
 	return p
 }
 
+// newChart is a plot with its title, axis labels and a grid.
+func newChart(title, xLabel, yLabel string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text, p.Y.Label.Text = xLabel, yLabel
+	p.Add(plotter.NewGrid())
+	return p
+}
+
 // goalLine is a dashed horizontal line at y from x0 to x1.
 func goalLine(y, x0, x1 float64) (*plotter.Line, error) {
 	line, err := plotter.NewLine(plotter.XYs{{X: x0, Y: y}, {X: x1, Y: y}})
@@ -146,15 +155,11 @@ func throughputChart(r *results) (*plot.Plot, error) {
 	if len(points) == 0 {
 		return emptyPlot("Bulk throughput: not measured (" + throughputFile + ")"), nil
 	}
-	p := plot.New()
-	p.Title.Text = "Bulk throughput, end to end (" + throughputFile + ")"
-	p.X.Label.Text = "tablets"
-	p.Y.Label.Text = "records/s"
+	p := newChart("Bulk throughput, end to end ("+throughputFile+")", "tablets", "records/s")
 	p.Y.Tick.Marker = groupedTicks{}
 	// Bottom left: the rates sit high on the plot, so that corner is free.
 	p.Legend.Left = true
 	p.Legend.XOffs, p.Legend.YOffs = vg.Points(12), vg.Points(12)
-	p.Add(plotter.NewGrid())
 
 	var raw, flow, goal plotter.XYs
 	var xTicks plot.ConstantTicks
@@ -299,13 +304,10 @@ func rerouteChart(r *results) (*plot.Plot, error) {
 	if len(cases) == 0 {
 		return emptyPlot("Re-routing latency: not measured (" + reactionFile + ", " + reactionExcludeFile + ")"), nil
 	}
-	p := plot.New()
-	p.Title.Text = "Re-routing latency per trial"
-	p.Y.Label.Text = "seconds until records flow again"
-	p.X.Label.Text = "box: quartiles; whiskers: 1.5 × IQR; dots: trials beyond; × : p99"
+	p := newChart("Re-routing latency per trial",
+		"box: quartiles; whiskers: 1.5 × IQR; dots: trials beyond; × : p99", "seconds until records flow again")
 	p.Legend.Top = true
 	p.Legend.Left = true
-	p.Add(plotter.NewGrid())
 
 	var names []string
 	var p99s plotter.XYs
@@ -446,12 +448,9 @@ func cpuChart(r *results) (*plot.Plot, error) {
 	if len(cases) == 0 {
 		return emptyPlot("Worker CPU per 1,000 records: not measured (" + throughputFile + ")"), nil
 	}
-	p := plot.New()
-	p.Title.Text = "Worker CPU per 1,000 records, bulk and live (" + throughputFile + ")"
-	p.X.Label.Text = "records/s"
-	p.Y.Label.Text = "worker CPU seconds per 1,000 records"
+	p := newChart("Worker CPU per 1,000 records, bulk and live ("+throughputFile+")",
+		"records/s", "worker CPU seconds per 1,000 records")
 	p.Legend.Top = true
-	p.Add(plotter.NewGrid())
 
 	lowRate, highRate, highCPU := math.Inf(1), math.Inf(-1), 0.0
 	for i, cc := range cases {
