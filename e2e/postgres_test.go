@@ -92,7 +92,12 @@ func (p *pgEnv) requireShardsExact(out string, within time.Duration, only ...str
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	require.NoError(p.t, p.bed.WaitReplayed(ctx))
+	// Each try reads the primaries under a context of its own: one shared
+	// with the wait above expired part-way through the tries under load,
+	// and every later try then failed to connect whatever the sink held.
 	p.eventually("replaying the sink gives every shard's tables", within, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
 		lines, err := jsonl.ReadDir(out)
 		if err != nil {
 			return false, err.Error()
