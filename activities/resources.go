@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/postgres"
 	"github.com/tabletflow/tabletflow/source/tabletd"
+	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 // Resources opens sources and sinks from a stream's config and shares them
@@ -71,6 +73,7 @@ var errUnknownKind = errors.New("unknown kind")
 // postgres source's servers, as JSON.
 type sourceKey struct {
 	kind, address, keyspace, tokenEnv, shards string
+	tls                                       tlsfiles.Files
 }
 
 type sinkKey struct {
@@ -88,6 +91,9 @@ func (r *Resources) Source(cfg config.Source) (source.Source, error) {
 	if len(cfg.Shards) > 0 {
 		b, _ := json.Marshal(cfg.Shards)
 		key.shards = string(b)
+	}
+	if cfg.TLS != nil {
+		key.tls = *cfg.TLS
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -136,7 +142,16 @@ func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
 func newSource(cfg config.Source) (source.Source, error) {
 	switch cfg.Kind {
 	case "tabletd":
-		c, err := tabletd.Dial(cfg.Address, cfg.Keyspace)
+		var opts tabletd.Options
+		if cfg.TLS != nil {
+			opts.TLS = *cfg.TLS
+		}
+		if cfg.TokenEnv != "" {
+			if opts.Token = os.Getenv(cfg.TokenEnv); opts.Token == "" {
+				return nil, fmt.Errorf("source.tokenEnv: %s is not set in the worker's environment", cfg.TokenEnv)
+			}
+		}
+		c, err := tabletd.Dial(cfg.Address, cfg.Keyspace, opts)
 		if err != nil {
 			return nil, err
 		}

@@ -16,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 // Stream is a stream's configuration (DESIGN.md "Contract examples").
@@ -46,6 +48,10 @@ type Source struct {
 	Keyspace string   `json:"keyspace"`
 	Tables   []string `json:"tables,omitempty"`
 	TokenEnv string   `json:"tokenEnv,omitempty"`
+	// TLS names the PEM files (on the worker's machine) the worker dials
+	// tabletd with: the CA that signed tabletd's certificate, and a client
+	// certificate and key for mutual TLS. Absent: plaintext.
+	TLS *tlsfiles.Files `json:"tls,omitempty"`
 	// Shards: PostgreSQL shards (kind "postgres"), each a tablet whose
 	// replicas are its primary and standbys.
 	Shards []Shard `json:"shards,omitempty"`
@@ -397,6 +403,10 @@ func (src Source) Validate() error {
 			return fieldErr("source.tokenEnv", "%q is not an environment variable name", src.TokenEnv)
 		case len(src.Shards) > 0:
 			return fieldErr("source.shards", "only for the postgres source (tabletd lists its own tablets)")
+		case src.TLS != nil:
+			if err := src.TLS.Check(); err != nil {
+				return fieldErr("source.tls", "%v", err)
+			}
 		}
 	case "postgres":
 		return src.validatePostgres()
@@ -413,6 +423,8 @@ func (src Source) validatePostgres() error {
 	switch {
 	case src.Address != "" || src.Keyspace != "" || src.TokenEnv != "":
 		return fieldErr("source.address", "address, keyspace and tokenEnv are for tabletd; a postgres source names its servers in shards")
+	case src.TLS != nil:
+		return fieldErr("source.tls", "for tabletd; a postgres source takes its TLS settings in each DSN (sslmode, sslrootcert, sslcert, sslkey)")
 	case len(src.Tables) == 0:
 		return fieldErr("source.tables", "must list the tables to publish, as schema.table")
 	case len(src.Shards) == 0:

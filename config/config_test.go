@@ -185,6 +185,12 @@ func TestDecodeRejectsBadConfigsNamingTheField(t *testing.T) {
 		// tokenEnv names a variable; it is not the token.
 		{name: "token instead of env name", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k", "tokenEnv": "s3cr3t token"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
 			wantPrefix: "source.tokenEnv:"},
+		// A client certificate without its key (or the reverse) cannot do mutual TLS.
+		{name: "tls cert without key", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k", "tls": {"ca": "/ca.pem", "cert": "/c.pem"}}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.tls: cert and key go together"},
+		// TLS files are paths, named by fields the decoder knows.
+		{name: "tls unknown field", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k", "tls": {"caFile": "/ca.pem"}}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.tls.caFile: unknown field"},
 		// A sink kind there is no adapter for.
 		{name: "unknown sink kind", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "kafka"}}`,
 			wantPrefix: `sink.kind: "kafka"`},

@@ -57,6 +57,7 @@ func TestDecodeRejectsBadPostgresSourcesNamingTheField(t *testing.T) {
 		{name: "two primaries", in: edit(`"type": "REPLICA"`, `"type": "PRIMARY"`), wantPrefix: "source.shards[0].replicas: 2 of type PRIMARY: want exactly one"},
 		{name: "no primary", in: edit(`"type": "PRIMARY"`, `"type": "REPLICA"`), wantPrefix: "source.shards[0].replicas: 0 of type PRIMARY"},
 		{name: "tabletd address on postgres", in: edit(`"kind": "postgres",`, `"kind": "postgres", "address": "h:1",`), wantPrefix: "source.address: address, keyspace and tokenEnv are for tabletd"},
+		{name: "tls on postgres", in: edit(`"kind": "postgres",`, `"kind": "postgres", "tls": {"ca": "/ca.pem"},`), wantPrefix: "source.tls: for tabletd; a postgres source takes its TLS settings in each DSN"},
 		{name: "shards on tabletd", in: `{"source": {"kind": "tabletd", "address": "h:1", "keyspace": "k", "shards": [{"id": "s1", "replicas": []}]}, "sink": {"kind": "jsonl", "path": "/x"}}`,
 			wantPrefix: "source.shards: only for the postgres source"},
 		{name: "unknown kind", in: edit(`"kind": "postgres"`, `"kind": "mysql"`), wantPrefix: `source.kind: "mysql": want "tabletd" or "postgres"`},

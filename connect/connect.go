@@ -7,17 +7,16 @@ package connect
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"strings"
 
 	"go.temporal.io/api/operatorservice/v1"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/contrib/envconfig"
 	"go.temporal.io/sdk/log"
+
+	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 // Flags are the connection flags; empty ones leave the environment's value.
@@ -70,27 +69,9 @@ func (f *Flags) Options(logger log.Logger) (client.Options, error) {
 }
 
 func (f *Flags) tlsConfig() (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if f.TLSCA != "" {
-		pem, err := os.ReadFile(f.TLSCA)
-		if err != nil {
-			return nil, fmt.Errorf("tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls-ca: no certificate in %s", f.TLSCA)
-		}
-		cfg.RootCAs = pool
-	}
-	if (f.TLSCert == "") != (f.TLSKey == "") {
-		return nil, errors.New("tls-cert and tls-key go together")
-	}
-	if f.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(f.TLSCert, f.TLSKey)
-		if err != nil {
-			return nil, fmt.Errorf("tls-cert/tls-key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
+	cfg, err := tlsfiles.Files{CA: f.TLSCA, Cert: f.TLSCert, Key: f.TLSKey}.Client()
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
 	}
 	return cfg, nil
 }

@@ -6,11 +6,14 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +30,7 @@ import (
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
+	tabletdsrc "github.com/tabletflow/tabletflow/source/tabletd"
 	"github.com/tabletflow/tabletflow/tabletd/digest"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/workflows"
@@ -105,7 +109,14 @@ type env struct {
 	logs      []*testbed.Proc
 	// metrics is the last started worker's Prometheus endpoint.
 	metrics string
+	// certs, if set, secure every connection with mutual TLS, and token
+	// is the bearer token tabletd requires (newTLSEnv).
+	certs *testbed.Certs
+	token string
 }
+
+// tokenEnv holds tabletd's bearer token in a newTLSEnv.
+const tokenEnv = "TF_E2E_TABLETD_TOKEN"
 
 func newEnv(t *testing.T, tabletdArgs ...string) *env {
 	t.Helper()
@@ -115,15 +126,43 @@ func newEnv(t *testing.T, tabletdArgs ...string) *env {
 // newEnvOn is newEnv against the dev server at addr (see startDevServer).
 func newEnvOn(t *testing.T, addr string, tabletdArgs ...string) *env {
 	t.Helper()
-	e := &env{t: t, dir: t.TempDir(), addr: addr, taskQueue: "tq-" + strings.ReplaceAll(t.Name(), "/", "-")}
+	return newEnvWith(t, addr, nil, tabletdArgs...)
+}
+
+// newTLSEnv is newEnv with mutual TLS on every connection, with certs:
+// tabletd serves it and requires a bearer token, the workers and the
+// test's clients present the client certificate (and the token), and addr
+// is a TLS frontend of Temporal (a testbed.TLSProxy).
+func newTLSEnv(t *testing.T, addr string, certs testbed.Certs, tabletdArgs ...string) *env {
+	t.Helper()
+	return newEnvWith(t, addr, &certs, tabletdArgs...)
+}
+
+func newEnvWith(t *testing.T, addr string, certs *testbed.Certs, tabletdArgs ...string) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir(), addr: addr, taskQueue: "tq-" + strings.ReplaceAll(t.Name(), "/", "-"), certs: certs}
 	e.tdAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
 	args := append([]string{"serve", "--listen", e.tdAddr, "--log-level", "warn"}, tabletdArgs...)
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	var temporalTLS *tls.Config
+	if certs != nil {
+		// The worker finds the token in its environment (source.tokenEnv).
+		e.token = fmt.Sprintf("tabletd-token-%x", rand.Uint64())
+		t.Setenv(tokenEnv, e.token)
+		args = append(args, "--tls-cert", certs.ServerCert, "--tls-key", certs.ServerKey, "--tls-ca", certs.CA,
+			"--token-env", tokenEnv)
+		creds, err := tabletdsrc.Credentials(certs.Client(true))
+		require.NoError(t, err)
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithPerRPCCredentials(tabletdsrc.Bearer(e.token, true))}
+		temporalTLS, err = certs.Client(true).Client()
+		require.NoError(t, err)
+	}
 	p, err := testbed.Start(filepath.Join(e.dir, "tabletd.log"), filepath.Join(binDir, "tabletd"), args...)
 	require.NoError(t, err)
 	e.tabletd = p
 	e.logs = append(e.logs, p)
 	t.Cleanup(p.Stop)
-	conn, err := grpc.NewClient(e.tdAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(e.tdAddr, dial...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	e.admin = sourcepb.NewAdminClient(conn)
@@ -132,7 +171,8 @@ func newEnvOn(t *testing.T, addr string, tabletdArgs ...string) *env {
 		_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err == nil, fmt.Sprint(err)
 	})
-	c, err := client.Dial(client.Options{HostPort: e.addr, Logger: connect.Quiet{}})
+	c, err := client.Dial(client.Options{HostPort: e.addr, Logger: connect.Quiet{},
+		ConnectionOptions: client.ConnectionOptions{TLS: temporalTLS}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	e.temporal = c
@@ -162,9 +202,12 @@ func (e *env) startWorker() *testbed.Proc {
 	n := len(e.workers)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
 	e.metrics = "http://" + metricsAddr + "/metrics"
-	p, err := testbed.Start(filepath.Join(e.dir, fmt.Sprintf("worker-%d.log", n)), filepath.Join(binDir, "worker"),
-		"--address", e.addr, "--task-queue", e.taskQueue, "--log-level", "info", "--stop-timeout", "20s",
-		"--metrics-addr", metricsAddr)
+	args := []string{"--address", e.addr, "--task-queue", e.taskQueue, "--log-level", "info", "--stop-timeout", "20s",
+		"--metrics-addr", metricsAddr}
+	if e.certs != nil {
+		args = append(args, e.tlsFlags()...)
+	}
+	p, err := testbed.Start(filepath.Join(e.dir, fmt.Sprintf("worker-%d.log", n)), filepath.Join(binDir, "worker"), args...)
 	require.NoError(e.t, err)
 	e.workers = append(e.workers, p)
 	e.logs = append(e.logs, p)
@@ -172,11 +215,21 @@ func (e *env) startWorker() *testbed.Proc {
 	return p
 }
 
+// tlsFlags are the worker's and starter's flags for Temporal over mutual
+// TLS with the env's client certificate.
+func (e *env) tlsFlags() []string {
+	return []string{"--tls-ca", e.certs.CA, "--tls-cert", e.certs.ClientCert, "--tls-key", e.certs.ClientKey}
+}
+
 // config returns a stream config (as JSON) reading this env's tabletd
 // into sink dir out, with extra top-level fields merged in.
 func (e *env) config(out string, extra map[string]any) json.RawMessage {
+	src := map[string]any{"kind": "tabletd", "address": e.tdAddr, "keyspace": "commerce"}
+	if e.certs != nil {
+		src["tls"], src["tokenEnv"] = e.certs.Client(true), tokenEnv
+	}
 	cfg := map[string]any{
-		"source": map[string]any{"kind": "tabletd", "address": e.tdAddr, "keyspace": "commerce"},
+		"source": src,
 		"sink":   map[string]any{"kind": "jsonl", "path": out},
 		"run":    map[string]any{"duration": "5s", "heartbeatTimeout": "5s"},
 		"retry":  map[string]any{"initialInterval": "200ms", "maximumInterval": "2s", "maximumAttempts": 5},
@@ -284,7 +337,11 @@ func (e *env) cli(args ...string) string {
 	e.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		cmd := exec.Command(temporalCLI, append(args, "--address", e.addr)...)
+		full := append(slices.Clip(args), "--address", e.addr)
+		if e.certs != nil {
+			full = append(full, "--tls-ca-path", e.certs.CA, "--tls-cert-path", e.certs.ClientCert, "--tls-key-path", e.certs.ClientKey)
+		}
+		cmd := exec.Command(temporalCLI, full...)
 		out, err := cmd.CombinedOutput()
 		refused := strings.Contains(string(out), "Workflow is busy") || strings.Contains(string(out), "workflow is closing")
 		if err != nil && refused && time.Now().Before(deadline) {

@@ -237,6 +237,10 @@ func TestPostgresStreamFromStandbysIsExactThroughAKillAnExclusionAndAStandbyDown
 		require.GreaterOrEqual(t, tab.Slot.LagBytes, int64(0), tab.ID)
 		require.Equal(t, int64(-1), tab.Slot.SafeWALBytes, tab.ID)
 	}
+	// The replicas' DSNs reached the workers only through the environment:
+	// after a kill, an exclusion and a standby down (errors and all), no
+	// history holds the password.
+	p.requireNoSecretInHistories(stream, []byte(pgbed.Password))
 }
 
 func TestPostgresShardWithEverySlotLostExpiresAloneAndStopDropsTheSlots(t *testing.T) {

@@ -14,10 +14,10 @@ import (
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
-// starter runs the starter binary against the shared dev server.
+// starter runs the starter binary against the env's dev server.
 func (e *env) starter(args ...string) (string, error) {
 	cmd := exec.Command(filepath.Join(binDir, "starter"), args...)
-	cmd.Env = append(os.Environ(), "TEMPORAL_ADDRESS="+temporalAddr)
+	cmd.Env = append(os.Environ(), "TEMPORAL_ADDRESS="+e.addr)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	tabletdclient "github.com/tabletflow/tabletflow/source/tabletd"
 	"github.com/tabletflow/tabletflow/tabletd/digest"
+	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 const ctlUsage = `usage: tabletd ctl [--addr ADDR] COMMAND
@@ -38,7 +39,9 @@ commands:
   split --tablet ID                   split a tablet in two
   tail --tablet ID [--from POS]       print a tablet's changes as they are written
   stream describe|delete ID           a source-side stream
-ADDR defaults to $TABLETD_ADDR, then 127.0.0.1:15991.
+ADDR defaults to $TABLETD_ADDR, then 127.0.0.1:15991. TLS: --tls-ca (and
+--tls-cert/--tls-key for mutual TLS), or $TABLETD_TLS_CA/_CERT/_KEY; a
+server's bearer token (serve --token-env) comes from $TABLETD_TOKEN.
 `
 
 // ctlClients are the admin and topology clients on one connection.
@@ -57,6 +60,10 @@ func ctl(args []string, stdout, stderr io.Writer) error {
 	}
 	addr := fs.String("addr", defAddr, "tabletd topology/admin address")
 	timeout := fs.Duration("timeout", 10*time.Second, "per-request timeout (not for tail)")
+	var tlsFiles tlsfiles.Files
+	fs.StringVar(&tlsFiles.CA, "tls-ca", os.Getenv("TABLETD_TLS_CA"), "dial TLS, verifying the server with this CA (PEM; default $TABLETD_TLS_CA)")
+	fs.StringVar(&tlsFiles.Cert, "tls-cert", os.Getenv("TABLETD_TLS_CERT"), "client certificate for mutual TLS (default $TABLETD_TLS_CERT)")
+	fs.StringVar(&tlsFiles.Key, "tls-key", os.Getenv("TABLETD_TLS_KEY"), "its private key (default $TABLETD_TLS_KEY)")
 	if err := fs.Parse(args); err != nil {
 		return usageErr(err)
 	}
@@ -64,7 +71,15 @@ func ctl(args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return usageError{errors.New("ctl: no command")}
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := tabletdclient.Credentials(tlsFiles)
+	if err != nil {
+		return usageError{fmt.Errorf("tls: %w", err)}
+	}
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if token := os.Getenv("TABLETD_TOKEN"); token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(tabletdclient.Bearer(token, !tlsFiles.IsZero())))
+	}
+	conn, err := grpc.NewClient(*addr, dial...)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/tabletd/cluster"
+	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 const usage = `usage:
@@ -79,6 +81,11 @@ func serve(args []string, stderr io.Writer) error {
 	retention := fs.Duration("retention", def.Retention, "how long a (stream, tablet) may stay inactive before it expires")
 	seed := fs.Int64("seed", 0, "workload random seed (0: from the clock)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	var tlsFiles tlsfiles.Files
+	fs.StringVar(&tlsFiles.Cert, "tls-cert", "", "serve TLS with this certificate (PEM; with --tls-key)")
+	fs.StringVar(&tlsFiles.Key, "tls-key", "", "the certificate's private key (PEM)")
+	fs.StringVar(&tlsFiles.CA, "tls-ca", "", "require clients to present a certificate signed by this CA (mutual TLS)")
+	tokenEnv := fs.String("token-env", "", "require every call to carry the bearer token held by this environment variable")
 	if err := fs.Parse(args); err != nil {
 		return usageErr(err)
 	}
@@ -88,6 +95,18 @@ func serve(args []string, stderr io.Writer) error {
 	lvl, err := zap.ParseAtomicLevel(*logLevel)
 	if err != nil {
 		return usageError{fmt.Errorf("log-level: %w", err)}
+	}
+	var tlsCfg *tls.Config
+	if !tlsFiles.IsZero() {
+		if tlsCfg, err = tlsFiles.Server(); err != nil {
+			return usageError{fmt.Errorf("tls: %w", err)}
+		}
+	}
+	var token string
+	if *tokenEnv != "" {
+		if token = os.Getenv(*tokenEnv); token == "" {
+			return usageError{fmt.Errorf("token-env: %s is not set", *tokenEnv)}
+		}
 	}
 	zcfg := zap.NewProductionConfig()
 	zcfg.Level = lvl
@@ -100,7 +119,7 @@ func serve(args []string, stderr io.Writer) error {
 	c, err := cluster.New(cluster.Config{
 		Listen: *listen, AdvertiseHost: *advertise, Keyspace: *keyspace, Cells: splitList(*cells), ServersPerCell: *spc,
 		Tablets: *tablets, Replicas: *replicas, Rate: *rate, Lag: *lag, Retention: *retention,
-		Seed: *seed, Logger: logger,
+		Seed: *seed, Logger: logger, TLS: tlsCfg, Token: token,
 	})
 	if err != nil {
 		return usageError{err}

@@ -733,7 +733,7 @@ func spreadOf(v []float64) spread {
 // topologyBytes is the size of the full listing and of what the
 // ReadTopology activity returns, as the SDK encodes them (JSON).
 func (b *bench) topologyBytes(ctx context.Context) (full, slim int, err error) {
-	src, err := tabletd.Dial(b.tdAddr, keyspace)
+	src, err := tabletd.Dial(b.tdAddr, keyspace, tabletd.Options{})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -81,7 +81,7 @@ func run() error {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 
-	client, err := tabletd.Dial(addr, "commerce")
+	client, err := tabletd.Dial(addr, "commerce", tabletd.Options{})
 	if err != nil {
 		return err
 	}

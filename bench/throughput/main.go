@@ -420,7 +420,7 @@ func (b *bench) startTabletd(ctx context.Context, tablets int) error {
 		return err
 	}
 	b.admin, b.topo = sourcepb.NewAdminClient(b.conn), sourcepb.NewTopologyClient(b.conn)
-	if b.src, err = tabletd.Dial(b.tdAddr, keyspace); err != nil {
+	if b.src, err = tabletd.Dial(b.tdAddr, keyspace, tabletd.Options{}); err != nil {
 		return err
 	}
 	return procs.WaitFor(ctx, p, "tabletd", 30*time.Second, func() error {

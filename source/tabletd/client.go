@@ -10,11 +10,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 // maxRecvMsgSize allows batches of up to 100,000 records of a few hundred
@@ -24,6 +26,7 @@ const maxRecvMsgSize = 256 << 20
 // Client reaches a tabletd cluster: its topology address, and each tablet
 // server's own address through one reused connection per address.
 type Client struct {
+	opts     []grpc.DialOption
 	keyspace string
 	topoConn *grpc.ClientConn
 	topo     sourcepb.TopologyClient
@@ -36,28 +39,81 @@ var _ source.Source = (*Client)(nil)
 
 // dialOptions cap gRPC's reconnect backoff near 1 s, so that a server that
 // comes back is used again quickly.
-var dialOptions = []grpc.DialOption{
-	grpc.WithTransportCredentials(insecure.NewCredentials()),
-	grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{
-			BaseDelay:  100 * time.Millisecond,
-			Multiplier: 1.6,
-			Jitter:     0.2,
-			MaxDelay:   time.Second,
-		},
-		MinConnectTimeout: 2 * time.Second,
-	}),
-	grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
+func dialOptions(creds credentials.TransportCredentials) []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  100 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   time.Second,
+			},
+			MinConnectTimeout: 2 * time.Second,
+		}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
+	}
+}
+
+// Bearer returns call credentials that send token with every call; secure
+// makes gRPC refuse to send it over a plaintext connection.
+func Bearer(token string, secure bool) credentials.PerRPCCredentials {
+	return bearer{token: token, secure: secure}
+}
+
+type bearer struct {
+	token  string
+	secure bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity is false without TLS so that a token still works
+// on a trusted plaintext network (loopback, a test bed).
+func (b bearer) RequireTransportSecurity() bool { return b.secure }
+
+// Credentials are the transport credentials for files: TLS (mutual when
+// they name a client certificate), or plaintext when they name nothing.
+func Credentials(files tlsfiles.Files) (credentials.TransportCredentials, error) {
+	if files.IsZero() {
+		return insecure.NewCredentials(), nil
+	}
+	cfg, err := files.Client()
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// Options secure a client's connections: the same for the topology and
+// every tablet server.
+type Options struct {
+	// TLS files: TLS (mutual with a client certificate) if they name any.
+	TLS tlsfiles.Files
+	// Token, if set, goes with every call as "authorization: Bearer
+	// <token>" (tabletd serve --token-env checks it).
+	Token string
 }
 
 // Dial returns a client for the cluster whose topology is at addr. It does
 // not connect until the first call.
-func Dial(addr, keyspace string) (*Client, error) {
-	conn, err := grpc.NewClient(addr, dialOptions...)
+func Dial(addr, keyspace string, o Options) (*Client, error) {
+	creds, err := Credentials(o.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("source.tls: %w", err)
+	}
+	opts := dialOptions(creds)
+	if o.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(Bearer(o.Token, !o.TLS.IsZero())))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial topology %s: %w", addr, err)
 	}
 	return &Client{
+		opts:     opts,
 		keyspace: keyspace,
 		topoConn: conn,
 		topo:     sourcepb.NewTopologyClient(conn),
@@ -89,7 +145,7 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if conn := c.conns[addr]; conn != nil {
 		return conn, nil
 	}
-	conn, err := grpc.NewClient(addr, dialOptions...)
+	conn, err := grpc.NewClient(addr, c.opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial tablet server %s: %w", addr, err)
 	}

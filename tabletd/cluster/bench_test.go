@@ -80,7 +80,7 @@ func BenchmarkGetChanges(b *testing.B) {
 		return len(resp.Records), cp, err
 	})
 
-	client, err := tabletd.Dial(c.Addr(), cfg.Keyspace)
+	client, err := tabletd.Dial(c.Addr(), cfg.Keyspace, tabletd.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

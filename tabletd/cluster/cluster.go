@@ -7,6 +7,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -46,6 +47,12 @@ type Config struct {
 	// Seed makes the workload reproducible; 0 picks one from the clock.
 	Seed   int64
 	Logger *zap.Logger
+	// TLS, if set, is how the topology, admin and every tablet server
+	// serve (with ClientCAs: mutual TLS); nil serves plaintext.
+	TLS *tls.Config
+	// Token, if set, is the bearer token every call must carry
+	// ("authorization: Bearer <Token>"); others get UNAUTHENTICATED.
+	Token string
 }
 
 // DefaultConfig returns the defaults of `tabletd serve`.
@@ -246,7 +253,8 @@ func (c *Cluster) Start() error {
 		return fmt.Errorf("listen %s: %w", c.cfg.Listen, err)
 	}
 	c.adminLis = lis
-	c.admin = grpc.NewServer(grpc.UnaryInterceptor(c.topologyUnary), grpc.StreamInterceptor(c.topologyStream))
+	c.admin = grpc.NewServer(c.serverOptions(
+		[]grpc.UnaryServerInterceptor{c.topologyUnary}, []grpc.StreamServerInterceptor{c.topologyStream})...)
 	sourcepb.RegisterTopologyServer(c.admin, &topologyService{c: c})
 	sourcepb.RegisterAdminServer(c.admin, &adminService{c: c})
 	host, _, _ := net.SplitHostPort(lis.Addr().String())

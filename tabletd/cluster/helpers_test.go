@@ -42,7 +42,7 @@ func start(t *testing.T, mutate func(*cluster.Config)) *testCluster {
 	require.NoError(t, err)
 	require.NoError(t, c.Start())
 	t.Cleanup(c.Close)
-	client, err := tabletd.Dial(c.Addr(), cfg.Keyspace)
+	client, err := tabletd.Dial(c.Addr(), cfg.Keyspace, tabletd.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = client.Close() })
 	conn := adminConn(t, c.Addr())

@@ -64,7 +64,7 @@ func (ts *tabletServer) up(addr string) error {
 		_, port, _ := net.SplitHostPort(ts.addr)
 		ts.advertised = net.JoinHostPort(h, port)
 	}
-	ts.srv = grpc.NewServer()
+	ts.srv = grpc.NewServer(ts.cluster.serverOptions(nil, nil)...)
 	ts.isDown = false
 	sourcepb.RegisterTabletServerServer(ts.srv, &tabletService{ts: ts})
 	srv := ts.srv

@@ -92,10 +92,15 @@ func (n *Node) DataDir() string { return filepath.Join(n.dir, "data") }
 // LogPath is the server's log (every start appends to it).
 func (n *Node) LogPath() string { return filepath.Join(n.dir, "postgres.log") }
 
-// DSN is the adapter's connection string: role tabletflow, with its password.
+// DSN is the adapter's connection string: role tabletflow, with its
+// password; with the bed's TLS, sslmode=verify-full against its CA.
 func (n *Node) DSN() string {
+	q := url.Values{"sslmode": {"disable"}}
+	if ca := n.c.opts.TLS.CA; ca != "" {
+		q = url.Values{"sslmode": {"verify-full"}, "sslrootcert": {ca}}
+	}
 	u := url.URL{Scheme: "postgres", User: url.UserPassword(User, Password),
-		Host: fmt.Sprintf("127.0.0.1:%d", n.Port), Path: "/postgres", RawQuery: "sslmode=disable"}
+		Host: fmt.Sprintf("127.0.0.1:%d", n.Port), Path: "/postgres", RawQuery: q.Encode()}
 	return u.String()
 }
 

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 // The role the adapter under test connects as: LOGIN, REPLICATION, owner of
@@ -128,6 +130,11 @@ type Options struct {
 	// MaxSlotWALKeepSize is max_slot_wal_keep_size ("64MB"); empty is -1,
 	// no limit. A small value lets tests have slots invalidated (wal_removed).
 	MaxSlotWALKeepSize string
+	// TLS, if it names a certificate and key, turns ssl on with them and
+	// makes every role but the bed's superuser connect with SSL (hostssl);
+	// its CA (the one that signed the certificate) goes into DSN with
+	// sslmode=verify-full, so clients are tested as in production.
+	TLS tlsfiles.Files
 	// Settings are more postgresql.conf settings for every node, applied
 	// after the bed's own (so they win).
 	Settings map[string]string

@@ -163,7 +163,22 @@ func (c *Cluster) initdb(ctx context.Context, n *Node) error {
 	if err := c.appendFile(filepath.Join(data, "postgresql.conf"), c.config()); err != nil {
 		return err
 	}
-	return c.writeFile(filepath.Join(data, "pg_hba.conf"), hba)
+	if c.opts.TLS.Cert == "" {
+		return c.writeFile(filepath.Join(data, "pg_hba.conf"), hba)
+	}
+	// The server reads its key only if the key is its own and private:
+	// copies in the data directory (standbys' base backups take them too).
+	for src, dst := range map[string]string{c.opts.TLS.Cert: "server.crt", c.opts.TLS.Key: "server.key"} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		if err := c.writeFile(filepath.Join(data, dst), string(b)); err != nil {
+			return err
+		}
+	}
+	sslOnly := strings.NewReplacer("host all         all ", "hostssl all      all ", "host replication all ", "hostssl replication all ")
+	return c.writeFile(filepath.Join(data, "pg_hba.conf"), sslOnly.Replace(hba))
 }
 
 // config is what every node adds to postgresql.conf. Standbys copy it from
@@ -196,6 +211,9 @@ func (c *Cluster) config() string {
 		"log_timezone":                "'UTC'",
 		"log_line_prefix":             "'%m [%p] %q%a '",
 		"log_replication_commands":    "on",
+	}
+	if c.opts.TLS.Cert != "" {
+		settings["ssl"] = "on"
 	}
 	maps.Copy(settings, c.opts.Settings)
 	var b strings.Builder
@@ -292,6 +310,11 @@ func (c *Cluster) makeStandby(p, sb *Node) error {
 	}
 	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s application_name=%s",
 		p.Port, User, Password, sb.Name)
+	if c.opts.TLS.Cert != "" {
+		// The bed's own link: encrypted (hostssl), and no client
+		// certificate looked for in the home of the user we run as.
+		conninfo += " sslmode=require sslcertmode=disable"
+	}
 	standby := fmt.Sprintf("\n# pgbed standby\nprimary_conninfo = %s\nprimary_slot_name = '%s'\n", quote(conninfo), sb.SlotName)
 	if err := c.appendFile(filepath.Join(dst, "postgresql.conf"), standby); err != nil {
 		return err

@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/testbed"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+// TestStreamOverMutualTLSEverywhere runs a stream with every connection on
+// mutual TLS and a CA the test made: the starter and the worker reach
+// Temporal through a TLS-terminating frontend that requires a client
+// certificate, tabletd serves its topology and tablet servers with mutual
+// TLS and a bearer token, and the worker dials it with the files named in
+// the stream config and the token from the variable it names. The data is
+// exact; a client without a certificate is refused; a frontend with plain
+// (server-only) TLS takes a client that trusts its CA; and neither the key
+// files nor the token reach the stream's histories.
+func TestStreamOverMutualTLSEverywhere(t *testing.T) {
+	certs, err := testbed.MakeCerts(t.TempDir())
+	require.NoError(t, err)
+	mutual, err := certs.Server(true).Server()
+	require.NoError(t, err)
+	frontend, err := testbed.StartTLSProxy(temporalAddr, mutual)
+	require.NoError(t, err)
+	t.Cleanup(frontend.Stop)
+
+	e := newTLSEnv(t, frontend.Addr, certs, "--tablets", "4", "--rate", "200")
+	e.startWorker()
+	out := filepath.Join(e.dir, "out")
+	cfg := filepath.Join(e.dir, "tls-stream.json")
+	require.NoError(t, os.WriteFile(cfg, e.config(out, nil), 0o644))
+	msg, err := e.starter(append([]string{"start", "-f", cfg, "--task-queue", e.taskQueue}, e.tlsFlags()...)...)
+	require.NoError(t, err, msg)
+	e.waitStatus("tls-stream", "every tablet streaming over TLS", time.Minute, allStreaming(4))
+
+	// Without a client certificate the frontend refuses the starter.
+	msg, err = e.starter("status", "tls-stream", "--tls-ca", certs.CA)
+	require.Error(t, err, "a client without a certificate must be refused: %s", msg)
+
+	// Server-only TLS: the starter needs only the CA.
+	oneWay, err := certs.Server(false).Server()
+	require.NoError(t, err)
+	tlsOnly, err := testbed.StartTLSProxy(temporalAddr, oneWay)
+	require.NoError(t, err)
+	t.Cleanup(tlsOnly.Stop)
+	msg, err = e.starter("status", "tls-stream", "--address", tlsOnly.Addr, "--tls-ca", certs.CA)
+	require.NoError(t, err, msg)
+	require.Contains(t, msg, "Streaming")
+
+	// The Temporal CLI, as an operator drives it, over mutual TLS.
+	e.signal("tls-stream", "pause", `{"tablets": ["t-0002"]}`)
+	e.waitStatus("tls-stream", "t-0002 paused", 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
+		return tabletStatus(st, "t-0002").State == workflows.Paused, summary(st)
+	})
+	e.signal("tls-stream", "resume", `{"tablets": ["t-0002"]}`)
+	e.waitStatus("tls-stream", "t-0002 streams again", 30*time.Second, allStreaming(4))
+
+	e.workload(sourcepb.WorkloadRequest_PAUSE)
+	e.requireExact("tls-stream", out, 2*time.Minute)
+	msg, err = e.starter(append([]string{"stop", "tls-stream"}, e.tlsFlags()...)...)
+	require.NoError(t, err, msg)
+
+	secrets := [][]byte{[]byte(e.token)}
+	for _, f := range []string{certs.ClientKey, certs.ServerKey} {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		secrets = append(secrets, b, b[len("-----BEGIN PRIVATE KEY-----\n"):][:40])
+	}
+	e.requireNoSecretInHistories("tls-stream", secrets...)
+}
+
+// requireNoSecretInHistories reads every event of every run of the stream
+// and of its tablets (closed ones too) and fails if any secret appears in
+// their bytes: payloads, failures, memos, search attributes.
+func (e *env) requireNoSecretInHistories(stream string, secrets ...[]byte) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	query := fmt.Sprintf("%s = '%s'", workflows.SAStream.GetName(), stream)
+	var runs, events int
+	var token []byte
+	for {
+		resp, err := e.temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{Query: query, NextPageToken: token})
+		require.NoError(e.t, err)
+		for _, ex := range resp.Executions {
+			runs++
+			it := e.temporal.GetWorkflowHistory(ctx, ex.Execution.WorkflowId, ex.Execution.RunId, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+			for it.HasNext() {
+				ev, err := it.Next()
+				require.NoError(e.t, err)
+				events++
+				b, err := proto.Marshal(ev)
+				require.NoError(e.t, err)
+				for _, s := range secrets {
+					require.False(e.t, bytes.Contains(b, s), "event %d (%s) of %s run %s holds a secret",
+						ev.EventId, ev.EventType, ex.Execution.WorkflowId, ex.Execution.RunId)
+				}
+			}
+		}
+		if token = resp.NextPageToken; len(token) == 0 {
+			break
+		}
+	}
+	// The stream and each of its tablets: the read covered them.
+	require.Greater(e.t, runs, 1, "runs of %s read", stream)
+	e.t.Logf("no secret in %d events of %d runs", events, runs)
+}
