@@ -47,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -422,6 +423,12 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 	}
 	if n == 0 && cp == w.cp {
 		return nil
+	}
+	if w.seq == math.MaxUint64 {
+		// Seq would wrap to 0, below the other slot's: readers and the
+		// next Open would go by that older manifest, losing this commit.
+		// No count of commits gets here; the manifest was tampered with.
+		return w.fail(w.undo(fmt.Errorf("commit tablet %s: %w: manifest seq %d cannot advance", w.tablet, ErrCorrupt, w.seq)))
 	}
 	next := manifest{Seq: w.seq + 1, Stream: w.s.stream, Tablet: w.tablet, Checkpoint: cp, Offset: w.offset + n, Updated: time.Now().UTC()}
 	if err := writeSlot(w.mf, w.slots, next); err != nil {

@@ -2,9 +2,10 @@ package postgres
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
@@ -146,11 +147,11 @@ func writeValue(b *bytes.Buffer, oid uint32, text []byte) {
 			b.WriteString("false")
 		}
 		return
-	case oidInt2, oidInt4, oidInt8, oidOID:
-		b.Write(text)
-		return
-	case oidFloat4, oidFloat8, oidNumeric:
-		if s := strings.ToLower(string(text)); s != "nan" && !strings.HasSuffix(s, "infinity") {
+	case oidInt2, oidInt4, oidInt8, oidOID, oidFloat4, oidFloat8, oidNumeric:
+		// Their text form is a JSON number but for NaN and the infinities;
+		// anything else (a broken server's) is a string too, never
+		// invalid JSON.
+		if jsonNumber(text) {
 			b.Write(text)
 			return
 		}
@@ -161,6 +162,43 @@ func writeValue(b *bytes.Buffer, oid uint32, text []byte) {
 		}
 	}
 	appendString(b, text)
+}
+
+// jsonNumber reports whether b is a number in JSON's grammar:
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+func jsonNumber(b []byte) bool {
+	i := 0
+	digits := func() bool {
+		start := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		return i > start
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else if !digits() {
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if !digits() {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if !digits() {
+			return false
+		}
+	}
+	return i == len(b)
 }
 
 // appendString writes s as a JSON string: valid UTF-8 as it is but for
@@ -199,4 +237,115 @@ func appendString(b *bytes.Buffer, s []byte) {
 	}
 	b.Write(s[start:])
 	b.WriteByte('"')
+}
+
+// checkMessage checks that what a pgoutput message's counts and lengths
+// claim fits in the message, for the kinds whose pglogrepl decoders trust
+// them: those index past the end (a panic) and allocate what a length says
+// before reading it (a 10-byte truncate message asks for 16 GiB). The
+// other kinds pglogrepl checks itself, as it does each kind byte. The
+// layouts are protocol version 1's (the reader asks for it: no streamed
+// transactions, so no xid before a change's relation id).
+func checkMessage(data []byte) error {
+	if len(data) == 0 {
+		return errors.New("empty message")
+	}
+	m := msgReader{b: data[1:], ok: true}
+	switch data[0] {
+	case 'R': // relation: id, namespace, name, replica identity, columns
+		m.take(4)
+		m.str()
+		m.str()
+		m.take(1)
+		for n := m.u16(); n > 0 && m.ok; n-- {
+			m.take(1) // flags
+			m.str()
+			m.take(8) // type OID, type modifier
+		}
+	case 'I': // insert: relation id, 'N', new tuple
+		m.take(4)
+		m.take(1)
+		m.tuple()
+	case 'U': // update: relation id, ['K' or 'O', old tuple], 'N', new tuple
+		m.take(4)
+		if k := m.u8(); k == 'K' || k == 'O' {
+			m.tuple()
+			m.take(1)
+		}
+		m.tuple()
+	case 'D': // delete: relation id, 'K' or 'O', old tuple
+		m.take(4)
+		m.take(1)
+		m.tuple()
+	case 'T': // truncate: relation count, options, relation ids
+		n := m.u32()
+		m.take(1)
+		m.take(4 * n)
+	case 'M': // message: flags, LSN, prefix, content length, content
+		m.take(9)
+		m.str()
+		m.take(m.u32())
+	}
+	if !m.ok {
+		return fmt.Errorf("%q message: truncated or with a length past its end (%d bytes)", data[0], len(data))
+	}
+	return nil
+}
+
+// msgReader walks a message's fields; ok turns false, for good, at the
+// first one that does not fit.
+type msgReader struct {
+	b  []byte
+	ok bool
+}
+
+func (m *msgReader) take(n int) []byte {
+	if !m.ok || n < 0 || n > len(m.b) {
+		m.ok = false
+		return nil
+	}
+	v := m.b[:n]
+	m.b = m.b[n:]
+	return v
+}
+
+func (m *msgReader) u8() byte {
+	if b := m.take(1); m.ok {
+		return b[0]
+	}
+	return 0
+}
+
+func (m *msgReader) u16() int {
+	if b := m.take(2); m.ok {
+		return int(binary.BigEndian.Uint16(b))
+	}
+	return 0
+}
+
+func (m *msgReader) u32() int {
+	if b := m.take(4); m.ok {
+		return int(binary.BigEndian.Uint32(b))
+	}
+	return 0
+}
+
+// str takes a NUL-terminated string.
+func (m *msgReader) str() {
+	i := bytes.IndexByte(m.b, 0)
+	if i < 0 {
+		m.ok = false
+		return
+	}
+	m.take(i + 1)
+}
+
+// tuple takes a TupleData: a column count, then per column a kind byte and,
+// for a text or binary value, its length and bytes.
+func (m *msgReader) tuple() {
+	for n := m.u16(); n > 0 && m.ok; n-- {
+		if k := m.u8(); k == pglogrepl.TupleDataTypeText || k == pglogrepl.TupleDataTypeBinary {
+			m.take(m.u32())
+		}
+	}
 }

@@ -343,6 +343,9 @@ func (r *Reader) receive(ctx, rctx context.Context) (got bool, err error) {
 
 // decode applies one pgoutput message.
 func (r *Reader) decode(data []byte) error {
+	if err := checkMessage(data); err != nil {
+		return fmt.Errorf("decode pgoutput message: %w", err)
+	}
 	msg, err := pglogrepl.Parse(data)
 	if err != nil {
 		return fmt.Errorf("decode pgoutput message: %w", err)
