@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"go.temporal.io/sdk/workflow"
 
@@ -35,7 +36,12 @@ func (s *stream) registerOperatorCommands(ctx workflow.Context) (map[string]work
 		err := workflow.SetUpdateHandlerWithOptions(ctx, name,
 			func(ctx workflow.Context, raw json.RawMessage) error { return cmd(s, ctx, raw, true) },
 			workflow.UpdateHandlerOptions{
-				Validator:   func(ctx workflow.Context, raw json.RawMessage) error { return cmd(s, ctx, raw, false) },
+				Validator: func(ctx workflow.Context, raw json.RawMessage) error {
+					if err := checkUpdateBounds(name, raw); err != nil {
+						return err
+					}
+					return cmd(s, ctx, raw, false)
+				},
 				Description: "operator command " + name + " (also a signal, except configure)",
 			})
 		if err != nil {
@@ -46,6 +52,45 @@ func (s *stream) registerOperatorCommands(ctx workflow.Context) (map[string]work
 		}
 	}
 	return signals, nil
+}
+
+// Bounds on what an operator sends, so that no command can grow the
+// stream's state (its memo, its continue-as-new input) toward the server's
+// 2 MB payload limit. An update over a bound is refused with the error; a
+// signal's reason is cut to maxReasonBytes (refusing it would change which
+// commands a recorded history issues), and a rejection's reason, which can
+// quote the payload, to maxRejectedReasonBytes.
+const (
+	maxUpdateBytes         = 16 << 10
+	maxReasonBytes         = 1 << 10
+	maxRejectedReasonBytes = 512
+)
+
+// checkUpdateBounds refuses an update over the bounds.
+func checkUpdateBounds(name string, raw json.RawMessage) error {
+	if len(raw) > maxUpdateBytes {
+		return fmt.Errorf("payload: %d bytes, at most %d", len(raw), maxUpdateBytes)
+	}
+	if name == CmdExclude {
+		var req ExcludeRequest
+		if decodeCommand(raw, &req) == nil && len(req.Reason) > maxReasonBytes {
+			return fmt.Errorf("reason: %d bytes, at most %d", len(req.Reason), maxReasonBytes)
+		}
+	}
+	return nil
+}
+
+// truncate cuts s to at most n bytes on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // onSignal carries out a signalled command; a bad payload is rejected:
@@ -84,7 +129,7 @@ func (s *stream) exclude(ctx workflow.Context, raw json.RawMessage, apply bool) 
 	if !apply {
 		return nil
 	}
-	reason := req.Reason
+	reason := truncate(req.Reason, maxReasonBytes)
 	if reason == "" {
 		reason = "excluded by the operator"
 	}

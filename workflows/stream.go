@@ -214,13 +214,19 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 func (s *stream) addCommands(ctx workflow.Context, sel workflow.Selector) {
 	sel.AddReceive(s.reports, func(ch workflow.ReceiveChannel, _ bool) {
 		var r TabletStatus
-		ch.Receive(ctx, &r)
+		if err := receive(ctx, ch, &r); err != nil {
+			s.reject(ctx, SignalTabletReport, err.Error())
+			return
+		}
 		s.onReport(ctx, r)
 	})
 	for _, name := range SignalCommands {
 		sel.AddReceive(s.signals[name], func(ch workflow.ReceiveChannel, _ bool) {
 			var raw json.RawMessage
-			ch.Receive(ctx, &raw)
+			if err := receive(ctx, ch, &raw); err != nil {
+				s.reject(ctx, name, err.Error())
+				return
+			}
 			s.onSignal(ctx, name, raw)
 		})
 	}
@@ -316,19 +322,29 @@ func (s *stream) drain(ctx workflow.Context) bool {
 	any := false
 	for {
 		var r TabletStatus
-		if !s.reports.ReceiveAsync(&r) {
+		ok, err := receiveAsync(s.reports, &r)
+		if !ok {
 			break
 		}
 		any = true
+		if err != nil {
+			s.reject(ctx, SignalTabletReport, err.Error())
+			continue
+		}
 		s.onReport(ctx, r)
 	}
 	for _, name := range SignalCommands {
 		for {
 			var raw json.RawMessage
-			if !s.signals[name].ReceiveAsync(&raw) {
+			ok, err := receiveAsync(s.signals[name], &raw)
+			if !ok {
 				break
 			}
 			any = true
+			if err != nil {
+				s.reject(ctx, name, err.Error())
+				continue
+			}
 			s.onSignal(ctx, name, raw)
 		}
 	}
@@ -496,6 +512,7 @@ func (s *stream) status(now time.Time) StreamStatus {
 // reject records a bad signal payload: logged and shown in the status,
 // never a failed workflow.
 func (s *stream) reject(ctx workflow.Context, signal, reason string) {
+	reason = truncate(reason, maxRejectedReasonBytes)
 	s.log.Warn("signal rejected", "signal", signal, "reason", reason)
 	s.st.Rejected = append(s.st.Rejected, Rejected{Signal: signal, Reason: reason, At: workflow.Now(ctx)})
 	if len(s.st.Rejected) > maxRejected {

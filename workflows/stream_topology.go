@@ -93,8 +93,13 @@ func (s *stream) onTopology(ctx workflow.Context, r topologyRead) time.Duration 
 	// every report already here before deciding a tablet closed silently.
 	for {
 		var rep TabletStatus
-		if !s.reports.ReceiveAsync(&rep) {
+		ok, err := receiveAsync(s.reports, &rep)
+		if !ok {
 			break
+		}
+		if err != nil {
+			s.reject(ctx, SignalTabletReport, err.Error())
+			continue
 		}
 		s.onReport(ctx, rep)
 	}

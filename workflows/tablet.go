@@ -181,14 +181,19 @@ func (t *tablet) handle(ctx workflow.Context, cmd TabletCommand) (interrupt bool
 func (t *tablet) drain(ctx workflow.Context) {
 	for {
 		var p activities.Progress
-		if !t.progress.ReceiveAsync(&p) {
+		if ok, _ := receiveAsync(t.progress, &p); !ok {
 			break
 		}
 	}
 	for {
 		var cmd TabletCommand
-		if !t.commands.ReceiveAsync(&cmd) {
+		ok, err := receiveAsync(t.commands, &cmd)
+		if !ok {
 			return
+		}
+		if err != nil {
+			t.badSignal(ctx, SignalTabletCommand, err)
+			continue
 		}
 		t.handle(ctx, cmd)
 	}
@@ -219,7 +224,10 @@ func (t *tablet) paused(ctx workflow.Context) (bool, error) {
 		}
 		sel.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
 			var cmd TabletCommand
-			c.Receive(ctx, &cmd)
+			if err := receive(ctx, c, &cmd); err != nil {
+				t.badSignal(ctx, SignalTabletCommand, err)
+				return
+			}
 			t.handle(ctx, cmd)
 		})
 		sel.Select(ctx)
@@ -234,6 +242,13 @@ func (t *tablet) paused(ctx workflow.Context) (bool, error) {
 	return false, nil
 }
 
+// badSignal logs a signal whose payload did not decode; the tablet goes
+// on (its commands come from the stream, so only someone else's signal
+// can be bad).
+func (t *tablet) badSignal(ctx workflow.Context, name string, err error) {
+	workflow.GetLogger(ctx).Warn("signal ignored: its payload does not decode", "signal", name, "error", err)
+}
+
 // wait backs off between runs, doubling up to maxBackoff; an operator
 // command (an exclusion lifted, pause, stop) ends it early.
 func (t *tablet) wait(ctx workflow.Context) error {
@@ -243,7 +258,10 @@ func (t *tablet) wait(ctx workflow.Context) error {
 	sel.AddFuture(timer, func(workflow.Future) {})
 	sel.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
 		var cmd TabletCommand
-		c.Receive(ctx, &cmd)
+		if err := receive(ctx, c, &cmd); err != nil {
+			t.badSignal(ctx, SignalTabletCommand, err)
+			return
+		}
 		t.handle(ctx, cmd)
 		t.backoff = 0
 	})

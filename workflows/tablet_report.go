@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
@@ -271,20 +272,30 @@ func retriesExhausted(err error) bool {
 	return false
 }
 
-// rootMessage is the innermost error's message: what actually went wrong
-// (an ApplicationError's own message, without the "(type: …, retryable:
-// …)" its Error adds).
+// rootMessage is what actually went wrong: the innermost message that is
+// more than its cause's message with context in front. Down a chain of
+// wraps that only add a prefix ("open sink for tablet t-0001: mkdir
+// /data/out: not a directory" → … → "not a directory") it keeps the
+// outermost, which names the path or the tablet; where a message says
+// something its cause does not ("sink: access denied" over "password
+// authentication failed …"), it goes on to the cause. ApplicationErrors
+// count by their own message, without the "(type: …, retryable: …)" their
+// Error adds.
 func rootMessage(err error) string {
-	for {
-		next := errors.Unwrap(err)
-		if next == nil {
-			break
+	var msgs []string
+	for ; err != nil; err = errors.Unwrap(err) {
+		msg := err.Error()
+		if app, ok := err.(*temporal.ApplicationError); ok && app.Message() != "" {
+			msg = app.Message()
 		}
-		err = next
+		msgs = append(msgs, msg)
 	}
-	var app *temporal.ApplicationError
-	if errors.As(err, &app) && app.Message() != "" {
-		return app.Message()
+	if len(msgs) == 0 {
+		return ""
 	}
-	return err.Error()
+	k := len(msgs) - 1
+	for k > 0 && strings.HasSuffix(msgs[k-1], msgs[k]) {
+		k--
+	}
+	return msgs[k]
 }

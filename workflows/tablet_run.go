@@ -102,7 +102,10 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		s.AddFuture(fut, func(workflow.Future) {})
 		s.AddReceive(t.progress, func(c workflow.ReceiveChannel, _ bool) {
 			var p activities.Progress
-			c.Receive(ctx, &p)
+			if err := receive(ctx, c, &p); err != nil {
+				t.badSignal(ctx, activities.SignalProgress, err)
+				return
+			}
 			moved(p.Switched)
 			t.st.Status.Attempt = p.Attempt
 			state := Streaming
@@ -114,7 +117,10 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		})
 		s.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
 			var cmd TabletCommand
-			c.Receive(ctx, &cmd)
+			if err := receive(ctx, c, &cmd); err != nil {
+				t.badSignal(ctx, SignalTabletCommand, err)
+				return
+			}
 			if t.handle(ctx, cmd) && !cancelled {
 				cancelled = true
 				cancel()

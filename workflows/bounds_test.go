@@ -1,0 +1,86 @@
+package workflows
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+	commonpb "go.temporal.io/api/common/v1"
+	"go.temporal.io/sdk/converter"
+
+	"github.com/tabletflow/tabletflow/source"
+)
+
+func TestUpdatesOverTheBoundsAreRefused(t *testing.T) {
+	long := strings.Repeat("x", maxReasonBytes+1)
+	tests := []struct {
+		name, cmd, payload, wantErr string
+	}{
+		// A reason an operator could mean: accepted.
+		{"short reason", CmdExclude, `{"aliases": ["zone1-a"], "reason": "maintenance"}`, ""},
+		// A reason past the bound would grow the state and the memo.
+		{"long reason", CmdExclude, `{"aliases": ["zone1-a"], "reason": "` + long + `"}`, "reason: 1025 bytes, at most 1024"},
+		// Any command's payload is bounded as a whole.
+		{"huge payload", CmdPause, `{"tablets": ["` + strings.Repeat("t", maxUpdateBytes) + `"]}`, "payload: 16401 bytes, at most 16384"},
+		// A bad payload is left to the command's own validation.
+		{"malformed", CmdExclude, `{"aliases": [`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkUpdateBounds(tt.cmd, json.RawMessage(tt.payload))
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.EqualError(t, err, tt.wantErr)
+		})
+	}
+}
+
+func TestTruncateCutsOnARuneBoundaryAndMarksTheCut(t *testing.T) {
+	require.Equal(t, "short", truncate("short", 10))
+	got := truncate(strings.Repeat("é", 100), 11) // 2 bytes a rune
+	require.True(t, utf8.ValidString(got), got)
+	require.LessOrEqual(t, len(got), 11)
+	require.Equal(t, "éééé…", got)
+}
+
+// A signal whose payload does not decode (not JSON, not the report's
+// shape, not JSON at all) is rejected and shown; the stream goes on to
+// apply the next good signal on the same channel. (The SDK's Receive would
+// drop it and wait for the next signal of that name, stalling the stream.)
+func TestStreamRejectsUndecodableSignalsAndTakesTheNextOnes(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{lists: [][]source.Tablet{{{ID: "t-0001", Replicas: []source.Replica{{Alias: "zone1-0000000101"}}}}}}
+	w.mock(env)
+	var started startedTablets
+	started.mock(env)
+	raw := func(encoding, data string) converter.RawValue {
+		return converter.NewRawValue(&commonpb.Payload{
+			Metadata: map[string][]byte{converter.MetadataEncoding: []byte(encoding)}, Data: []byte(data)})
+	}
+	var st StreamStatus
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(CmdExclude, raw(converter.MetadataEncodingJSON, `{"aliases": [`))
+		env.SignalWorkflow(SignalTabletReport, raw(converter.MetadataEncodingJSON, `"not a report"`))
+		env.SignalWorkflow(CmdPause, raw("binary/plain", "\x00\x01"))
+	}, 5*time.Second)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(CmdExclude, json.RawMessage(`{"aliases": ["zone1-0000000101"], "reason": "after the bad ones"}`))
+	}, 6*time.Second)
+	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 10*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Len(t, st.Rejected, 3, "%+v", st.Rejected)
+	require.Equal(t, CmdExclude, st.Rejected[0].Signal)
+	require.Contains(t, st.Rejected[0].Reason, "invalid JSON")
+	require.Equal(t, SignalTabletReport, st.Rejected[1].Signal)
+	require.Contains(t, st.Rejected[1].Reason, "payload")
+	require.Equal(t, CmdPause, st.Rejected[2].Signal)
+	require.Contains(t, st.Rejected[2].Reason, `encoding "binary/plain"`)
+	require.Len(t, st.Exclude, 1, "the good signal after the bad one is applied")
+	require.Equal(t, "after the bad ones", st.Exclude[0].Reason)
+}
