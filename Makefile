@@ -24,7 +24,7 @@ export TABLETFLOW_PG_BIN := $(PG_DIR)/bin
 
 BINARIES := tabletd worker starter
 
-.PHONY: all build test fuzz bench bench-full soak proto lint demo demo-postgres stop tools clean pg
+.PHONY: all build test chaos fuzz bench bench-full soak proto lint demo demo-postgres stop tools clean pg
 
 all: build
 
@@ -38,6 +38,9 @@ test: build $(BIN)/temporal pg ## vet and every test: unit, loopback gRPC, e2e o
 	go vet ./...
 	go test -count=1 -timeout 20m $$(go list ./... | grep -v '/e2e$$')
 	go test -count=1 -timeout 25m ./e2e
+
+chaos: build $(BIN)/temporal ## the chaos suite's long profile (many more rounds, ~15 min): e2e/chaos_test.go and the retention expiry
+	TABLETFLOW_CHAOS=long go test -count=1 -timeout 60m -v -run 'TestChaos|TestTabletPausedPastRetentionExpires' ./e2e
 
 # The Go fuzz targets (package:target), one after another with one worker
 # each: the machine has 2 cores. `make test` runs only their seed corpora

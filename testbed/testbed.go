@@ -152,6 +152,9 @@ type DevServer struct {
 	*Proc
 	Addr string // frontend host:port
 	UI   string // Web UI base URL
+
+	cli, log string
+	args     []string
 }
 
 // StartDevServer runs `temporal server start-dev` on free loopback ports
@@ -167,16 +170,30 @@ func StartDevServer(temporalCLI, dir string, extra ...string) (*DevServer, error
 		}
 		ports[i] = p
 	}
-	s := &DevServer{Addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), UI: fmt.Sprintf("http://127.0.0.1:%d", ports[1])}
-	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
+	s := &DevServer{Addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), UI: fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		cli: temporalCLI, log: filepath.Join(dir, "temporal.log")}
+	s.args = []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
 		"--ui-port", strconv.Itoa(ports[1]), "--http-port", strconv.Itoa(ports[2]), "--metrics-port", strconv.Itoa(ports[3]),
 		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "warn"}
 	for _, sa := range workflows.SearchAttributes {
-		args = append(args, "--search-attribute", sa+"=Keyword")
+		s.args = append(s.args, "--search-attribute", sa+"=Keyword")
 	}
-	p, err := Start(filepath.Join(dir, "temporal.log"), temporalCLI, append(args, extra...)...)
+	s.args = append(s.args, extra...)
+	return s, s.start()
+}
+
+// Restart kills the server with SIGKILL (a crash: nothing flushed on the
+// way out) and starts it again on the same ports and database file.
+func (s *DevServer) Restart() error {
+	s.Kill()
+	return s.start()
+}
+
+// start runs the server and waits until it answers.
+func (s *DevServer) start() error {
+	p, err := Start(s.log, s.cli, s.args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.Proc = p
 	deadline := time.Now().Add(90 * time.Second)
@@ -186,12 +203,12 @@ func StartDevServer(temporalCLI, dir string, extra ...string) (*DevServer, error
 			_, err = c.CheckHealth(context.Background(), &client.CheckHealthRequest{})
 			c.Close()
 			if err == nil {
-				return s, nil
+				return nil
 			}
 		}
 		if time.Now().After(deadline) {
 			p.Stop()
-			return nil, fmt.Errorf("dev server did not come up in 90s: %v\n%s", err, p.Tail())
+			return fmt.Errorf("dev server did not come up in 90s: %v\n%s", err, p.Tail())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
