@@ -39,7 +39,7 @@ test: build $(BIN)/temporal pg ## vet and every test: unit, loopback gRPC, e2e o
 	go test -count=1 -timeout 20m $$(go list ./... | grep -v '/e2e$$')
 	go test -count=1 -timeout 25m ./e2e
 
-chaos: build $(BIN)/temporal ## the chaos suite's long profile (many more rounds, ~15 min): e2e/chaos_test.go and the retention expiry
+chaos: build $(BIN)/temporal ## the chaos suite's long profile (many more rounds, ~9 min): e2e/chaos_test.go and the retention expiry
 	TABLETFLOW_CHAOS=long go test -count=1 -timeout 60m -v -run 'TestChaos|TestTabletPausedPastRetentionExpires' ./e2e
 
 # The Go fuzz targets (package:target), one after another with one worker

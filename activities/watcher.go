@@ -28,6 +28,9 @@ type Watcher struct {
 	// for the pickers waiting on it; the next query follows at once.
 	QueryTimeout time.Duration
 	Logger       *zap.Logger
+	// DataConverter decodes the stream's memo as the client does (with
+	// payload encryption, its codec); nil: the default.
+	DataConverter converter.DataConverter
 
 	mu      sync.Mutex
 	streams map[string]*watched
@@ -194,6 +197,13 @@ func (w *Watcher) Exclusions(ctx context.Context, stream string) (config.Exclude
 // changeExclusionsMemo on.
 const MemoExclusions = "exclusions"
 
+func (w *Watcher) dataConverter() converter.DataConverter {
+	if w.DataConverter != nil {
+		return w.DataConverter
+	}
+	return converter.GetDefaultDataConverter()
+}
+
 // read reads a stream's operator exclude list: from the stream's memo
 // when it has one there (a describe is served by the server alone, so a
 // stream too busy with its tablets' reports to answer a query — "workflow
@@ -204,7 +214,7 @@ func (w *Watcher) read(ctx context.Context, stream string) (config.ExcludeList, 
 		if err == nil && desc.Memo != nil {
 			if p, ok := desc.Memo.GetFields()[MemoExclusions]; ok {
 				var list config.ExcludeList
-				if err := converter.GetDefaultDataConverter().FromPayload(p, &list); err == nil {
+				if err := w.dataConverter().FromPayload(p, &list); err == nil {
 					return list, nil
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 
 	"go.temporal.io/api/operatorservice/v1"
@@ -16,6 +17,7 @@ import (
 	"go.temporal.io/sdk/contrib/envconfig"
 	"go.temporal.io/sdk/log"
 
+	"github.com/tabletflow/tabletflow/codec"
 	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
@@ -27,7 +29,20 @@ type Flags struct {
 	TLSCA     string
 	TLSCert   string
 	TLSKey    string
+	// EncryptionKeyFile seals every payload with the codec package
+	// (default $TABLETFLOW_ENCRYPTION_KEY_FILE, or the keys themselves in
+	// $TABLETFLOW_ENCRYPTION_KEYS; neither: payloads are not encrypted).
+	EncryptionKeyFile string
+
+	codec     *codec.Codec
+	codecRead bool
 }
+
+// Environment variables of the encryption key set.
+const (
+	EnvEncryptionKeyFile = "TABLETFLOW_ENCRYPTION_KEY_FILE"
+	EnvEncryptionKeys    = "TABLETFLOW_ENCRYPTION_KEYS"
+)
 
 // Register adds the flags to fs.
 func (f *Flags) Register(fs *flag.FlagSet) {
@@ -37,6 +52,21 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.TLSCA, "tls-ca", "", "CA certificate file to verify the server")
 	fs.StringVar(&f.TLSCert, "tls-cert", "", "client certificate file (mTLS)")
 	fs.StringVar(&f.TLSKey, "tls-key", "", "client key file (mTLS)")
+	fs.StringVar(&f.EncryptionKeyFile, "encryption-key-file", os.Getenv(EnvEncryptionKeyFile),
+		"encrypt every payload with AES-256-GCM: base64 keys one a line, the first seals, all open (default: $"+EnvEncryptionKeyFile+", or the keys in $"+EnvEncryptionKeys+")")
+}
+
+// Codec is the payload codec of the configured key set, nil when
+// payloads are not encrypted.
+func (f *Flags) Codec() (*codec.Codec, error) {
+	if !f.codecRead {
+		c, err := codec.Load(f.EncryptionKeyFile, EnvEncryptionKeys)
+		if err != nil {
+			return nil, err
+		}
+		f.codec, f.codecRead = c, true
+	}
+	return f.codec, nil
 }
 
 // Options loads the client options: envconfig first, then the flags.
@@ -63,6 +93,14 @@ func (f *Flags) Options(logger log.Logger) (client.Options, error) {
 			return client.Options{}, err
 		}
 		opts.ConnectionOptions.TLS = cfg
+	}
+	c, err := f.Codec()
+	if err != nil {
+		return client.Options{}, err
+	}
+	if c != nil {
+		opts.DataConverter = c.DataConverter()
+		opts.FailureConverter = c.FailureConverter()
 	}
 	opts.Logger = logger
 	return opts, nil

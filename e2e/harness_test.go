@@ -113,6 +113,10 @@ type env struct {
 	// is the bearer token tabletd requires (newTLSEnv).
 	certs *testbed.Certs
 	token string
+	// workerArgs are more flags for every worker this env starts;
+	// codecEndpoint, if set, is the Temporal CLI's --codec-endpoint.
+	workerArgs    []string
+	codecEndpoint string
 }
 
 // tokenEnv holds tabletd's bearer token in a newTLSEnv.
@@ -207,6 +211,7 @@ func (e *env) startWorker() *testbed.Proc {
 	if e.certs != nil {
 		args = append(args, e.tlsFlags()...)
 	}
+	args = append(args, e.workerArgs...)
 	p, err := testbed.Start(filepath.Join(e.dir, fmt.Sprintf("worker-%d.log", n)), filepath.Join(binDir, "worker"), args...)
 	require.NoError(e.t, err)
 	e.workers = append(e.workers, p)
@@ -340,6 +345,9 @@ func (e *env) cli(args ...string) string {
 		full := append(slices.Clip(args), "--address", e.addr)
 		if e.certs != nil {
 			full = append(full, "--tls-ca-path", e.certs.CA, "--tls-cert-path", e.certs.ClientCert, "--tls-key-path", e.certs.ClientKey)
+		}
+		if e.codecEndpoint != "" {
+			full = append(full, "--codec-endpoint", e.codecEndpoint)
 		}
 		cmd := exec.Command(temporalCLI, full...)
 		out, err := cmd.CombinedOutput()

@@ -11,7 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/api/enums/v1"
+	historypb "go.temporal.io/api/history/v1"
 	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
@@ -87,34 +89,44 @@ func TestStreamOverMutualTLSEverywhere(t *testing.T) {
 // their bytes: payloads, failures, memos, search attributes.
 func (e *env) requireNoSecretInHistories(stream string, secrets ...[]byte) {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	query := fmt.Sprintf("%s = '%s'", workflows.SAStream.GetName(), stream)
-	var runs, events int
-	var token []byte
-	for {
-		resp, err := e.temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{Query: query, NextPageToken: token})
+	events := 0
+	runs := e.eachEvent(e.temporal, stream, func(run string, ev *historypb.HistoryEvent) {
+		events++
+		b, err := proto.Marshal(ev)
 		require.NoError(e.t, err)
-		for _, ex := range resp.Executions {
-			runs++
-			it := e.temporal.GetWorkflowHistory(ctx, ex.Execution.WorkflowId, ex.Execution.RunId, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-			for it.HasNext() {
-				ev, err := it.Next()
-				require.NoError(e.t, err)
-				events++
-				b, err := proto.Marshal(ev)
-				require.NoError(e.t, err)
-				for _, s := range secrets {
-					require.False(e.t, bytes.Contains(b, s), "event %d (%s) of %s run %s holds a secret",
-						ev.EventId, ev.EventType, ex.Execution.WorkflowId, ex.Execution.RunId)
-				}
-			}
+		for _, s := range secrets {
+			require.False(e.t, bytes.Contains(b, s), "event %d (%s) of %s holds a secret", ev.EventId, ev.EventType, run)
 		}
-		if token = resp.NextPageToken; len(token) == 0 {
-			break
-		}
-	}
+	})
 	// The stream and each of its tablets: the read covered them.
 	require.Greater(e.t, runs, 1, "runs of %s read", stream)
 	e.t.Logf("no secret in %d events of %d runs", events, runs)
+}
+
+// eachEvent calls f with every event, as stored, of every run of the
+// stream and of its tablets (found by their search attribute), with the
+// run's "workflowID/runID"; it returns how many runs it read.
+func (e *env) eachEvent(c client.Client, stream string, f func(run string, ev *historypb.HistoryEvent)) int {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	query := fmt.Sprintf("%s = '%s'", workflows.SAStream.GetName(), stream)
+	runs := 0
+	var token []byte
+	for {
+		resp, err := c.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{Query: query, NextPageToken: token})
+		require.NoError(e.t, err)
+		for _, ex := range resp.Executions {
+			runs++
+			it := c.GetWorkflowHistory(ctx, ex.Execution.WorkflowId, ex.Execution.RunId, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+			for it.HasNext() {
+				ev, err := it.Next()
+				require.NoError(e.t, err)
+				f(ex.Execution.WorkflowId+"/"+ex.Execution.RunId, ev)
+			}
+		}
+		if token = resp.NextPageToken; len(token) == 0 {
+			return runs
+		}
+	}
 }

@@ -50,17 +50,7 @@ func TestWebUIShowsTheStreamAndItsTablets(t *testing.T) {
 		return len(st.Exclude) == 1, summary(st)
 	})
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-quic", true),
-		chromedp.UserDataDir(filepath.Join(e.dir, "chromium")), chromedp.WindowSize(1600, 1000))
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	browserCtx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	require.NoError(t, chromedp.Do(browserCtx), "start Chromium")
-	ctx, cancel := context.WithTimeout(browserCtx, 2*time.Minute)
-	defer cancel()
+	ctx := headlessChromium(t, browser, e.dir)
 
 	// The list, filtered by the stream's search attribute.
 	list := temporalUI + "/namespaces/default/workflows?query=" + url.QueryEscape(`TabletflowStream="webui"`)
@@ -86,6 +76,23 @@ func TestWebUIShowsTheStreamAndItsTablets(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "webui-stream.png"), shot, 0o644))
 	}
 	t.Logf("screenshot: %s", path)
+}
+
+// headlessChromium starts Chromium with its profile in dir and returns a
+// context for it, ended with the test (or after two minutes).
+func headlessChromium(t *testing.T, browser, dir string) context.Context {
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-quic", true),
+		chromedp.UserDataDir(filepath.Join(dir, "chromium")), chromedp.WindowSize(1600, 1000))
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	browserCtx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(cancel)
+	require.NoError(t, chromedp.Do(browserCtx), "start Chromium")
+	ctx, cancel := context.WithTimeout(browserCtx, 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // waitForText waits until the page's text contains s, and returns it.

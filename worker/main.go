@@ -6,7 +6,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +44,10 @@ func run() error {
 	pollers := flag.Int("pollers", 8, "workflow and activity task pollers (each)")
 	metricsAddr := flag.String("metrics-addr", "",
 		"serve Prometheus metrics (tabletflow's and the Temporal SDK's) at http://ADDR/metrics; empty: off")
+	codecAddr := flag.String("codec-addr", "",
+		"serve the payload codec (needs --encryption-key-file) at http://ADDR for temporal --codec-endpoint and the Web UI; anyone who reaches it can decrypt")
+	codecOrigins := flag.String("codec-origins", "http://localhost:8233,http://127.0.0.1:8233",
+		"browser origins (the Web UI's) the codec endpoint allows, comma-separated")
 	flag.Parse()
 
 	logger, err := connect.NewZap(*logLevel, *logFormat)
@@ -64,6 +71,22 @@ func run() error {
 		}
 		defer stop()
 		logger.Info("serving metrics", zap.String("url", "http://"+addr+"/metrics"))
+	}
+	if *codecAddr != "" {
+		cdc, err := conn.Codec()
+		if err != nil {
+			return err
+		}
+		if cdc == nil {
+			return fmt.Errorf("codec-addr: no encryption key (--encryption-key-file or $%s)", connect.EnvEncryptionKeys)
+		}
+		origins := strings.FieldsFunc(*codecOrigins, func(r rune) bool { return r == ',' || r == ' ' })
+		addr, stop, err := serveCodec(*codecAddr, cdc.Handler(origins))
+		if err != nil {
+			return fmt.Errorf("codec-addr: %w", err)
+		}
+		defer stop()
+		logger.Info("serving the payload codec", zap.String("url", "http://"+addr))
 	}
 	c, err := client.Dial(opts)
 	if err != nil {
@@ -90,8 +113,19 @@ func run() error {
 	w.RegisterWorkflow(workflows.StreamWorkflow)
 	w.RegisterWorkflow(workflows.TabletWorkflow)
 	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger, Metrics: m,
-		Watcher: &activities.Watcher{Client: c, Interval: time.Second, Logger: logger}})
+		Watcher: &activities.Watcher{Client: c, Interval: time.Second, Logger: logger, DataConverter: opts.DataConverter}})
 	logger.Info("worker starting", zap.String("address", opts.HostPort), zap.String("namespace", opts.Namespace),
 		zap.String("taskQueue", *taskQueue), zap.Int("maxConcurrentActivities", *maxActivities))
 	return w.Run(worker.InterruptCh())
+}
+
+// serveCodec serves h on addr until stop.
+func serveCodec(addr string, h http.Handler) (string, func(), error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(lis) }()
+	return lis.Addr().String(), func() { _ = srv.Close() }, nil
 }

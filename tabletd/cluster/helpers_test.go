@@ -58,7 +58,13 @@ func ctx(t *testing.T) context.Context {
 // tablet returns a tablet by ID from a fresh listing.
 func (tc *testCluster) tablet(t *testing.T, id string) source.Tablet {
 	t.Helper()
-	tablets, err := tc.client.ListTablets(ctx(t))
+	return tabletOf(t, tc.client, id)
+}
+
+// tabletOf is a tablet by ID from client's listing.
+func tabletOf(t *testing.T, client *tabletd.Client, id string) source.Tablet {
+	t.Helper()
+	tablets, err := client.ListTablets(ctx(t))
 	require.NoError(t, err)
 	for _, tab := range tablets {
 		if tab.ID == id {

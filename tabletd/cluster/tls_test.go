@@ -32,23 +32,8 @@ func TestClusterServesMutualTLSToCertifiedClientsOnly(t *testing.T) {
 	client, err := tabletd.Dial(tc.Addr(), "commerce", tabletd.Options{TLS: certs.Client(true)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = client.Close() })
-	_, err = client.EnsureStream(ctx(t), source.StreamSpec{ID: "s"})
-	require.NoError(t, err)
-	tablets, err := client.ListTablets(ctx(t))
-	require.NoError(t, err)
-	require.Len(t, tablets, 4)
-	var replica source.Replica
-	for _, tab := range tablets {
-		if tab.ID == "t-0001" {
-			replica = tab.Replicas[0]
-		}
-	}
-	rd, err := client.OpenReplica(ctx(t), replica)
-	require.NoError(t, err)
-	c := newConsumer("s")
-	_, err = c.drain(ctx(t), rd, "t-0001", source.Checkpoint{})
-	require.NoError(t, err, "reading a tablet server over mutual TLS")
-	require.Len(t, c.records, 25)
+	_, n := readThrough(t, client, "t-0001")
+	require.Equal(t, 25, n, "read from a tablet server over mutual TLS")
 
 	refused := map[string]tlsfiles.Files{
 		"plaintext":           {},
@@ -83,22 +68,8 @@ func TestClusterRequiresItsBearerToken(t *testing.T) {
 	good, err := tabletd.Dial(tc.Addr(), "commerce", tabletd.Options{Token: "s3cret-token"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = good.Close() })
-	_, err = good.EnsureStream(ctx(t), source.StreamSpec{ID: "s"})
-	require.NoError(t, err)
-	tablets, err := good.ListTablets(ctx(t))
-	require.NoError(t, err)
-	var replica source.Replica
-	for _, tab := range tablets {
-		if tab.ID == "t-0002" {
-			replica = tab.Replicas[0]
-		}
-	}
-	rd, err := good.OpenReplica(ctx(t), replica)
-	require.NoError(t, err)
-	c := newConsumer("s")
-	_, err = c.drain(ctx(t), rd, "t-0002", source.Checkpoint{})
-	require.NoError(t, err)
-	require.Len(t, c.records, 5)
+	replica, n := readThrough(t, good, "t-0002")
+	require.Equal(t, 5, n)
 
 	for name, token := range map[string]string{"no token": "", "wrong token": "guess"} {
 		t.Run(name, func(t *testing.T) {
@@ -114,4 +85,19 @@ func TestClusterRequiresItsBearerToken(t *testing.T) {
 			require.Equal(t, codes.Unauthenticated, status.Code(err), "tablet server: %v", err)
 		})
 	}
+}
+
+// readThrough creates stream "s" with client and reads tablet from its
+// first replica to the end: the replica read and the records it gave.
+func readThrough(t *testing.T, client *tabletd.Client, tablet string) (source.Replica, int) {
+	t.Helper()
+	_, err := client.EnsureStream(ctx(t), source.StreamSpec{ID: "s"})
+	require.NoError(t, err)
+	replica := tabletOf(t, client, tablet).Replicas[0]
+	rd, err := client.OpenReplica(ctx(t), replica)
+	require.NoError(t, err)
+	c := newConsumer("s")
+	_, err = c.drain(ctx(t), rd, tablet, source.Checkpoint{})
+	require.NoError(t, err)
+	return replica, len(c.records)
 }
