@@ -207,9 +207,72 @@ func (c *Codec) Decode(payloads []*commonpb.Payload) ([]*commonpb.Payload, error
 }
 
 // DataConverter is the default data converter with c sealing every
-// payload.
+// payload. A payload the key set cannot open does not fail the decoding of
+// the others with it: it becomes an EncodingUndecryptable payload holding
+// the error, which decoding into a value returns, and which a workflow
+// receiving a signal raw (converter.RawValue) sees and can reject by name
+// (the SDK would drop an undecodable signal and block for the next one).
 func (c *Codec) DataConverter() converter.DataConverter {
-	return converter.NewCodecDataConverter(converter.GetDefaultDataConverter(), c)
+	return converter.NewCodecDataConverter(undecryptableAware{converter.GetDefaultDataConverter()}, lenient{c})
+}
+
+// EncodingUndecryptable marks a payload that could not be opened; its data
+// is the error.
+const EncodingUndecryptable = "binary/undecryptable"
+
+// Undecryptable returns the error a payload marked EncodingUndecryptable
+// holds, nil for any other payload.
+func Undecryptable(p *commonpb.Payload) error {
+	if string(p.GetMetadata()[converter.MetadataEncoding]) != EncodingUndecryptable {
+		return nil
+	}
+	return errors.New(string(p.GetData()))
+}
+
+// lenient is the codec with each payload that does not open replaced by
+// an EncodingUndecryptable one.
+type lenient struct{ c *Codec }
+
+func (l lenient) Encode(ps []*commonpb.Payload) ([]*commonpb.Payload, error) { return l.c.Encode(ps) }
+
+func (l lenient) Decode(ps []*commonpb.Payload) ([]*commonpb.Payload, error) {
+	out := make([]*commonpb.Payload, len(ps))
+	for i, p := range ps {
+		d, err := l.c.Decode([]*commonpb.Payload{p})
+		if err != nil {
+			out[i] = &commonpb.Payload{Metadata: map[string][]byte{converter.MetadataEncoding: []byte(EncodingUndecryptable)}, Data: []byte(err.Error())}
+			continue
+		}
+		out[i] = d[0]
+	}
+	return out, nil
+}
+
+// undecryptableAware returns an undecryptable payload's error when it is
+// decoded into a value (a converter.RawValue takes it as it is).
+type undecryptableAware struct{ converter.DataConverter }
+
+func (u undecryptableAware) FromPayload(p *commonpb.Payload, v any) error {
+	if _, raw := v.(*converter.RawValue); !raw {
+		if err := Undecryptable(p); err != nil {
+			return err
+		}
+	}
+	return u.DataConverter.FromPayload(p, v)
+}
+
+func (u undecryptableAware) FromPayloads(ps *commonpb.Payloads, vs ...any) error {
+	for i, p := range ps.GetPayloads() {
+		if i >= len(vs) {
+			break
+		}
+		if _, raw := vs[i].(*converter.RawValue); !raw {
+			if err := Undecryptable(p); err != nil {
+				return err
+			}
+		}
+	}
+	return u.DataConverter.FromPayloads(ps, vs...)
 }
 
 // FailureConverter moves failure messages and stack traces into a

@@ -53,8 +53,15 @@ func TestCodecSealsPayloadsAndOpensThemWithAnyKeyOfTheSet(t *testing.T) {
 	other, err := codec.New(newKey(t))
 	require.NoError(t, err)
 	err = other.DataConverter().FromPayload(p, &got)
-	require.ErrorIs(t, err, codec.ErrUnknownKey)
+	require.ErrorContains(t, err, codec.ErrUnknownKey.Error())
 	require.ErrorContains(t, err, codec.KeyID(oldKey))
+	_, err = other.Decode([]*commonpb.Payload{p})
+	require.ErrorIs(t, err, codec.ErrUnknownKey, "the codec itself (the endpoint's) keeps the error")
+	// Received raw (a workflow's signal), the payload becomes a marked one
+	// holding the error, instead of failing the receive.
+	var raw converter.RawValue
+	require.NoError(t, other.DataConverter().FromPayload(p, &raw))
+	require.ErrorContains(t, codec.Undecryptable(raw.Payload()), codec.KeyID(oldKey))
 
 	// Tampering is detected, not decoded into garbage.
 	bad := &commonpb.Payload{Metadata: p.Metadata, Data: bytes.Clone(p.Data)}
@@ -78,9 +85,9 @@ func TestParseKeysNamesWhatIsWrong(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, keys, 2)
 	for text, want := range map[string]string{
-		"":                  "no key",
+		"":                   "no key",
 		"# only a comment\n": "no key",
-		"not base64!":       "line 1: not base64",
+		"not base64!":        "line 1: not base64",
 		base64.StdEncoding.EncodeToString(make([]byte, 16)): "line 1: 16 bytes, want 32",
 	} {
 		_, err := codec.ParseKeys([]byte(text))

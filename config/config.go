@@ -206,6 +206,28 @@ func Decode(data []byte) (Stream, error) {
 	return s, nil
 }
 
+// DecodeForStart is Decode for a stream about to start, which also refuses
+// a size given as 0 (batch.maxRecords, reportRate): Decode takes an absent
+// field and a 0 alike as "the default", which a config that says 0 does
+// not mean. Streams already running keep Decode's reading of their config.
+func DecodeForStart(data []byte) (Stream, error) {
+	var sizes struct {
+		Batch struct {
+			MaxRecords *int `json:"maxRecords"`
+		} `json:"batch"`
+		ReportRate *float64 `json:"reportRate"`
+	}
+	if json.Unmarshal(data, &sizes) == nil {
+		switch {
+		case sizes.Batch.MaxRecords != nil && *sizes.Batch.MaxRecords == 0:
+			return Stream{}, fieldErr("batch.maxRecords", "0 not in [1, %d] (leave it out for the default %d)", MaxBatchRecords, DefaultBatch.MaxRecords)
+		case sizes.ReportRate != nil && *sizes.ReportRate == 0:
+			return Stream{}, fieldErr("reportRate", "0 not in [%g, %g] (leave it out for the default %g)", MinReportRate, MaxReportRate, DefaultReportRate)
+		}
+	}
+	return Decode(data)
+}
+
 // DecodeStrict decodes one JSON object into v, rejecting unknown fields,
 // wrong types and trailing data, with errors that name the field.
 func DecodeStrict(data []byte, v any) error {

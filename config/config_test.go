@@ -623,3 +623,20 @@ func TestLingerZeroTurnsTheGroupCommitOffAbsentIsTheDefault(t *testing.T) {
 	require.Equal(t, DefaultLinger, def.Batch.LingerD())
 	require.Zero(t, Batch{}.LingerD(), "a stream from before the group commit commits every poll")
 }
+
+// A stream about to start refuses a size given as 0; Decode (a running
+// stream's config) keeps reading 0 as the default.
+func TestDecodeForStartRefusesSizesGivenAsZero(t *testing.T) {
+	for _, tt := range []struct{ extra, want string }{
+		{`"batch": {"maxRecords": 0}`, "batch.maxRecords: 0 not in [1, 100000] (leave it out for the default 1000)"},
+		{`"reportRate": 0`, "reportRate: 0 not in [1, 10000] (leave it out for the default 100)"},
+	} {
+		_, err := DecodeForStart([]byte(minimal(tt.extra)))
+		require.EqualError(t, err, tt.want)
+		s, err := Decode([]byte(minimal(tt.extra)))
+		require.NoError(t, err, "a running stream's config still decodes")
+		require.Equal(t, 1000, s.Batch.MaxRecords)
+	}
+	_, err := DecodeForStart([]byte(minimal(`"batch": {"maxWait": "1s"}`)))
+	require.NoError(t, err, "an absent size is the default")
+}

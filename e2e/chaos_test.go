@@ -87,8 +87,11 @@ func TestChaosWorkerKilledAtRandomMoments(t *testing.T) {
 }
 
 // Two workers share the task queue; one is killed. Its tablets go on from
-// the other within the heartbeat timeout plus the retry interval (plus a
-// margin for this 2-core machine, stated in the failure).
+// the other once their activities miss the heartbeat timeout and retry
+// after the retry interval. The deadline adds a margin for what else the
+// victim held: a workflow task it had started waits out its 10 s timeout,
+// a sticky one the 5 s schedule-to-start timeout, on a loaded 2-core
+// machine; the time measured is logged.
 func TestChaosOneOfTwoWorkersKilledItsTabletsMoveToTheOther(t *testing.T) {
 	e := newEnv(t, "--tablets", "8", "--rate", "400")
 	victim := e.startWorker()
@@ -104,7 +107,7 @@ func TestChaosOneOfTwoWorkersKilledItsTabletsMoveToTheOther(t *testing.T) {
 	at := recordsPerTablet(out)
 	killed := time.Now()
 	victim.Kill()
-	const heartbeat, retry, margin = 5 * time.Second, 200 * time.Millisecond, 5 * time.Second
+	const heartbeat, retry, margin = 5 * time.Second, 200 * time.Millisecond, 20 * time.Second
 	e.eventually("every tablet commits again after the kill", heartbeat+retry+margin, func() (bool, string) {
 		n := recordsPerTablet(out)
 		var stalled []string
@@ -127,16 +130,16 @@ func TestChaosTemporalServerKilledAndRestarted(t *testing.T) {
 	p := chaos()
 	server, err := testbed.StartDevServer(temporalCLI, t.TempDir())
 	require.NoError(t, err)
-	t.Cleanup(server.Stop)
+	t.Cleanup(func() { server.Stop() }) // the process running at the end, after restarts
 	e := newEnvOn(t, server.Addr, "--tablets", "4", "--rate", "300")
-	e.logs = append(e.logs, server.Proc)
+	e.logs = append(e.logs, server.Proc) // its log, shown on failure (the path outlives restarts)
 	e.startWorker()
 	out := filepath.Join(e.dir, "out")
 	e.startStream("chaos-server", e.config(out, nil))
 	e.waitStatus("chaos-server", "every tablet streaming", time.Minute, allStreaming(4))
 	for i := range p.restarts {
 		randomMoment(time.Second, 3*time.Second)
-		require.NoError(t, server.Restart(), "restart %d", i+1)
+		require.NoError(t, server.Restart(), "restart %d: %s", i+1, server.Tail())
 		at := sinkRecords(out)
 		e.eventually(fmt.Sprintf("records flow after restart %d", i+1), 2*time.Minute, func() (bool, string) {
 			n := sinkRecords(out)

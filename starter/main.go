@@ -99,6 +99,10 @@ func dial(conn *connect.Flags) (client.Client, client.Options, error) {
 	return c, opts, nil
 }
 
+// maxConfigBytes bounds a stream config: it is the stream's input, kept
+// in its state across continue-as-new.
+const maxConfigBytes = 256 << 10
+
 func start(args []string, stdout, stderr io.Writer) error {
 	var conn connect.Flags
 	fs := newFlags("start", stderr, &conn)
@@ -116,7 +120,10 @@ func start(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := config.Decode(data); err != nil {
+	if len(data) > maxConfigBytes {
+		return fmt.Errorf("%s: %d bytes, at most %d (the config travels in the stream's history, whose payloads the server caps at 2 MB)", *file, len(data), maxConfigBytes)
+	}
+	if _, err := config.DecodeForStart(data); err != nil {
 		return fmt.Errorf("%s: %w", *file, err)
 	}
 	if *id == "" {

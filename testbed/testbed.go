@@ -183,15 +183,18 @@ func StartDevServer(temporalCLI, dir string, extra ...string) (*DevServer, error
 }
 
 // Restart kills the server with SIGKILL (a crash: nothing flushed on the
-// way out) and starts it again on the same ports and database file.
+// way out) and starts it again on the same ports and database file. The
+// new process replaces Proc: stop the server with s.Stop() at the time,
+// not a method value taken before the restart.
 func (s *DevServer) Restart() error {
 	s.Kill()
 	return s.start()
 }
 
-// start runs the server and waits until it answers.
+// start runs the server (its log appended to: a restart keeps what the
+// crashed run wrote) and waits until it answers.
 func (s *DevServer) start() error {
-	p, err := Start(s.log, s.cli, s.args...)
+	p, err := StartCmd(s.log, exec.Command(s.cli, s.args...))
 	if err != nil {
 		return err
 	}

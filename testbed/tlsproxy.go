@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"time"
 )
 
 // TLSProxy terminates TLS on a loopback port and forwards the plaintext to
@@ -45,9 +46,11 @@ func forward(client net.Conn, backend string) {
 	defer client.Close()
 	// The handshake happens here so that a client refused by it (no
 	// certificate, an unknown CA) never reaches the backend.
+	_ = client.SetDeadline(time.Now().Add(10 * time.Second))
 	if err := client.(*tls.Conn).Handshake(); err != nil {
 		return
 	}
+	_ = client.SetDeadline(time.Time{})
 	server, err := net.Dial("tcp", backend)
 	if err != nil {
 		return

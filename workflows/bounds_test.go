@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	commonpb "go.temporal.io/api/common/v1"
 	"go.temporal.io/sdk/converter"
 
+	"github.com/tabletflow/tabletflow/codec"
 	"github.com/tabletflow/tabletflow/source"
 )
 
@@ -83,4 +85,50 @@ func TestStreamRejectsUndecodableSignalsAndTakesTheNextOnes(t *testing.T) {
 	require.Contains(t, st.Rejected[2].Reason, `encoding "binary/plain"`)
 	require.Len(t, st.Exclude, 1, "the good signal after the bad one is applied")
 	require.Equal(t, "after the bad ones", st.Exclude[0].Reason)
+}
+
+// With payload encryption, a signal sealed with a key the worker lacks is
+// rejected naming the key, and the next signal is applied: the SDK would
+// drop it in the codec and block for the next one.
+func TestStreamRejectsASignalSealedWithAnUnknownKey(t *testing.T) {
+	key := func(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+	ours, err := codec.New(key(1))
+	require.NoError(t, err)
+	theirs, err := codec.New(key(2))
+	require.NoError(t, err)
+	env := newEnv(t)
+	// The test environment encodes a signal's argument with the worker's
+	// converter; a raw one goes as it is, as if from a client that sealed
+	// it with its own key.
+	env.SetDataConverter(rawPassing{ours.DataConverter()})
+	w := &streamWith{lists: [][]source.Tablet{{{ID: "t-0001", Replicas: []source.Replica{{Alias: "zone1-0000000101"}}}}}}
+	w.mock(env)
+	var started startedTablets
+	started.mock(env)
+	sealed, err := theirs.DataConverter().ToPayload(json.RawMessage(`{"aliases": ["zone1-0000000101"], "reason": "other key"}`))
+	require.NoError(t, err)
+	var st StreamStatus
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(CmdExclude, converter.NewRawValue(sealed)) }, 5*time.Second)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(CmdExclude, json.RawMessage(`{"aliases": ["zone1-0000000101"], "reason": "our key"}`))
+	}, 6*time.Second)
+	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 10*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Len(t, st.Rejected, 1, "%+v", st.Rejected)
+	require.Contains(t, st.Rejected[0].Reason, "unknown encryption key \""+codec.KeyID(key(2))+"\"")
+	require.Len(t, st.Exclude, 1)
+	require.Equal(t, "our key", st.Exclude[0].Reason)
+}
+
+// rawPassing encodes a lone converter.RawValue as it is.
+type rawPassing struct{ converter.DataConverter }
+
+func (r rawPassing) ToPayloads(args ...any) (*commonpb.Payloads, error) {
+	if len(args) == 1 {
+		if v, ok := args[0].(converter.RawValue); ok {
+			return &commonpb.Payloads{Payloads: []*commonpb.Payload{v.Payload()}}, nil
+		}
+	}
+	return r.DataConverter.ToPayloads(args...)
 }

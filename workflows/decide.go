@@ -123,13 +123,14 @@ func decide(o outcome, sel activities.Selection) decision {
 
 // runOutcome reads how a GetChanges run ended from its result and error:
 // the one place that looks at Temporal's error types.
-func runOutcome(res activities.GetChangesResult, runErr error, cancelled bool) outcome {
+// withContext picks how an error becomes the message (errorMessage).
+func runOutcome(res activities.GetChangesResult, runErr error, cancelled, withContext bool) outcome {
 	if runErr == nil || (cancelled && temporal.IsCanceledError(runErr)) {
 		return outcome{end: runOK, checkpoint: res.Checkpoint, stopped: res.Stopped, cancelled: cancelled}
 	}
 	var d activities.ErrorDetails
 	details(runErr, &d)
-	o := outcome{end: runTransient, checkpoint: d.Checkpoint, reason: d.Reason, message: clip(rootMessage(runErr))}
+	o := outcome{end: runTransient, checkpoint: d.Checkpoint, reason: d.Reason, message: clip(errorMessage(runErr, withContext))}
 	var app *temporal.ApplicationError
 	if errors.As(runErr, &app) {
 		switch app.Type() {

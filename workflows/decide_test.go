@@ -2,6 +2,9 @@ package workflows
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -106,7 +109,7 @@ func TestRunOutcomeReadsTheActivitysTypedErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			require.Equal(t, tt.want, runOutcome(activities.GetChangesResult{}, tt.err, tt.cancelled).end)
+			require.Equal(t, tt.want, runOutcome(activities.GetChangesResult{}, tt.err, tt.cancelled, true).end)
 		})
 	}
 }
@@ -118,4 +121,15 @@ func TestRootMessageIsTheInnermostMessageWithoutDecoration(t *testing.T) {
 	outer := temporal.NewNonRetryableApplicationError("sink: access denied", "SinkFailed", inner)
 	require.Equal(t, `password authentication failed for user "tabletflow"`, rootMessage(outer))
 	require.Equal(t, "plain", rootMessage(errors.New("plain")))
+}
+
+// A reason keeps an error's context: the outermost of a chain of wraps
+// that only add a prefix, a timeout by its own message.
+func TestRootMessageKeepsTheContextOfPrefixWraps(t *testing.T) {
+	pathErr := fmt.Errorf("open sink for tablet t-0001: %w", &os.PathError{Op: "mkdir", Path: "/data/out", Err: syscall.ENOTDIR})
+	require.Equal(t, "open sink for tablet t-0001: mkdir /data/out: not a directory", rootMessage(pathErr))
+	require.Equal(t, "not a directory", innermostMessage(pathErr), "what runs from before the change still show")
+	require.Equal(t, "heartbeat timeout", rootMessage(temporal.NewHeartbeatTimeoutError()))
+	require.Equal(t, rootMessage(pathErr), errorMessage(pathErr, true))
+	require.Equal(t, innermostMessage(pathErr), errorMessage(pathErr, false))
 }

@@ -6,6 +6,8 @@ import (
 
 	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/codec"
 )
 
 // Signals come from outside the project's code (anyone may send any
@@ -16,8 +18,13 @@ import (
 // command or continue-as-new until another signal of that name came.
 
 // receive takes the next signal from ch into v; a payload that does not
-// decode is an error, and v is left as it was.
-func receive(ctx workflow.Context, ch workflow.ReceiveChannel, v any) error {
+// decode is an error, and v is left as it was. Without own (a workflow
+// from before changeSignalHandling) it is the SDK's Receive.
+func receive(ctx workflow.Context, ch workflow.ReceiveChannel, v any, own bool) error {
+	if !own {
+		ch.Receive(ctx, v)
+		return nil
+	}
 	var raw converter.RawValue
 	ch.Receive(ctx, &raw)
 	return decodeSignal(raw, v)
@@ -25,7 +32,10 @@ func receive(ctx workflow.Context, ch workflow.ReceiveChannel, v any) error {
 
 // receiveAsync is receive without blocking: ok reports whether a signal
 // was taken (whether or not it decoded).
-func receiveAsync(ch workflow.ReceiveChannel, v any) (ok bool, err error) {
+func receiveAsync(ch workflow.ReceiveChannel, v any, own bool) (ok bool, err error) {
+	if !own {
+		return ch.ReceiveAsync(v), nil
+	}
 	var raw converter.RawValue
 	if !ch.ReceiveAsync(&raw) {
 		return false, nil
@@ -40,6 +50,9 @@ func decodeSignal(raw converter.RawValue, v any) error {
 	p := raw.Payload()
 	if p == nil {
 		return nil
+	}
+	if err := codec.Undecryptable(p); err != nil {
+		return fmt.Errorf("payload: %w", err)
 	}
 	if out, ok := v.(*json.RawMessage); ok {
 		switch enc := string(p.GetMetadata()[converter.MetadataEncoding]); enc {

@@ -51,6 +51,10 @@ var recorded = map[string]recording{
 	"tablet-reroute-excluded.json": {"opx/tablet/t-0001", "2f6bb6fe43fddd4fbb7b1360a9b25b13f66b32acddc28abd581ebcf1dc153cba"},
 	// With changeExclusionsMemo: the exclude list in the stream's memo.
 	"stream-exclusions-memo.json": {"opx", "aec2fbc455e2c574b6e7b9b21b351b0ef461061dfc8c41a4bd4e101cd75aef5f"},
+	// changeSignalHandling: signals decoded by the workflows, commands
+	// that come while a tablet waits to continue as new applied.
+	"stream-signal-handling-stopped.json": {"stopme", "44d41e0133afb1829c4d003e598b4bb0fd34ac90fe5f26267c6dc7c4dc5cc3ee"},
+	"tablet-signal-handling-stopped.json": {"stopme/tablet/t-0001", "2f06b6f6478b9fe70d09a969b06072b5ae48a1c9de8be7638c3ff29135d28a50"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

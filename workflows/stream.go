@@ -30,11 +30,16 @@ const maxRejected = 10
 // fails the workflow naming the field); state is nil on a first start and
 // carries everything across continue-as-new.
 func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamState) error {
-	c, err := config.Decode(cfg)
+	signalHandling := workflow.GetVersion(ctx, changeSignalHandling, workflow.DefaultVersion, 1) >= 1
+	decode := config.Decode
+	if state == nil && signalHandling {
+		decode = config.DecodeForStart
+	}
+	c, err := decode(cfg)
 	if err != nil {
 		return temporal.NewNonRetryableApplicationError("stream config: "+err.Error(), ErrBadConfig, nil)
 	}
-	s := &stream{id: workflow.GetInfo(ctx).WorkflowExecution.ID, raw: cfg, cfg: c, st: state}
+	s := &stream{id: workflow.GetInfo(ctx).WorkflowExecution.ID, raw: cfg, cfg: c, st: state, signalHandling: signalHandling}
 	s.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
 	if s.durable() {
 		s.slimTopology = workflow.GetVersion(ctx, changeSlimTopology, workflow.DefaultVersion, 1) >= 1
@@ -65,6 +70,9 @@ type stream struct {
 	// exclusionsMemo: the memo carries the operator exclude list for the
 	// watchers (changeExclusionsMemo); memoSet says this run set it.
 	exclusionsMemo bool
+	// signalHandling: signals decoded here, errors with their context, a
+	// first run's sizes checked (changeSignalHandling).
+	signalHandling bool
 	memoSet        bool
 	reports        workflow.ReceiveChannel
 	signals        map[string]workflow.ReceiveChannel
@@ -214,7 +222,7 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 func (s *stream) addCommands(ctx workflow.Context, sel workflow.Selector) {
 	sel.AddReceive(s.reports, func(ch workflow.ReceiveChannel, _ bool) {
 		var r TabletStatus
-		if err := receive(ctx, ch, &r); err != nil {
+		if err := receive(ctx, ch, &r, s.signalHandling); err != nil {
 			s.reject(ctx, SignalTabletReport, err.Error())
 			return
 		}
@@ -223,7 +231,7 @@ func (s *stream) addCommands(ctx workflow.Context, sel workflow.Selector) {
 	for _, name := range SignalCommands {
 		sel.AddReceive(s.signals[name], func(ch workflow.ReceiveChannel, _ bool) {
 			var raw json.RawMessage
-			if err := receive(ctx, ch, &raw); err != nil {
+			if err := receive(ctx, ch, &raw, s.signalHandling); err != nil {
 				s.reject(ctx, name, err.Error())
 				return
 			}
@@ -322,7 +330,7 @@ func (s *stream) drain(ctx workflow.Context) bool {
 	any := false
 	for {
 		var r TabletStatus
-		ok, err := receiveAsync(s.reports, &r)
+		ok, err := receiveAsync(s.reports, &r, s.signalHandling)
 		if !ok {
 			break
 		}
@@ -336,7 +344,7 @@ func (s *stream) drain(ctx workflow.Context) bool {
 	for _, name := range SignalCommands {
 		for {
 			var raw json.RawMessage
-			ok, err := receiveAsync(s.signals[name], &raw)
+			ok, err := receiveAsync(s.signals[name], &raw, s.signalHandling)
 			if !ok {
 				break
 			}

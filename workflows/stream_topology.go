@@ -84,7 +84,7 @@ func (s *stream) onTopology(ctx workflow.Context, r topologyRead) time.Duration 
 		if s.st.Topology == nil {
 			s.st.Topology = &TopologyTrouble{Since: workflow.Now(ctx)}
 		}
-		s.st.Topology.Error = clip(rootMessage(r.err))
+		s.st.Topology.Error = clip(errorMessage(r.err, s.signalHandling))
 		s.log.Warn("list tablets failed; the stream goes on and tries again", "error", r.err, "since", s.st.Topology.Since)
 		return min(s.cfg.TopologyRefresh.D(), topologyRetry)
 	}
@@ -93,7 +93,7 @@ func (s *stream) onTopology(ctx workflow.Context, r topologyRead) time.Duration 
 	// every report already here before deciding a tablet closed silently.
 	for {
 		var rep TabletStatus
-		ok, err := receiveAsync(s.reports, &rep)
+		ok, err := receiveAsync(s.reports, &rep, s.signalHandling)
 		if !ok {
 			break
 		}

@@ -33,6 +33,7 @@ func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error
 	t.quietStart = workflow.GetVersion(ctx, changeQuietStart, workflow.DefaultVersion, 1) >= 1
 	t.paced = workflow.GetVersion(ctx, changePacedReports, workflow.DefaultVersion, 1) >= 1
 	t.reroute = workflow.GetVersion(ctx, changeInPlaceReroute, workflow.DefaultVersion, 1) >= 1
+	t.signalHandling = workflow.GetVersion(ctx, changeSignalHandling, workflow.DefaultVersion, 1) >= 1
 	if t.st == nil {
 		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
 	}
@@ -69,6 +70,9 @@ type tablet struct {
 	// reroute: a run may move to another replica in place
 	// (changeInPlaceReroute).
 	reroute bool
+	// signalHandling: signals decoded here, errors with their context
+	// (changeSignalHandling).
+	signalHandling bool
 	// progress: the activity's own signals; commands: the stream's.
 	progress workflow.ReceiveChannel
 	commands workflow.ReceiveChannel
@@ -112,6 +116,11 @@ func (t *tablet) run(ctx workflow.Context) error {
 			}
 			if err := t.checkReports(ctx, true); err != nil {
 				return err
+			}
+			// Waiting for the reports let more signals in: a command
+			// left in its channel now would be lost with this run.
+			if t.signalHandling && t.commands.Len() > 0 {
+				continue
 			}
 			t.st.Resend = t.resend || t.due
 			return workflow.NewContinueAsNewError(ctx, TabletWorkflow, t.in, t.st)
@@ -181,13 +190,13 @@ func (t *tablet) handle(ctx workflow.Context, cmd TabletCommand) (interrupt bool
 func (t *tablet) drain(ctx workflow.Context) {
 	for {
 		var p activities.Progress
-		if ok, _ := receiveAsync(t.progress, &p); !ok {
+		if ok, _ := receiveAsync(t.progress, &p, t.signalHandling); !ok {
 			break
 		}
 	}
 	for {
 		var cmd TabletCommand
-		ok, err := receiveAsync(t.commands, &cmd)
+		ok, err := receiveAsync(t.commands, &cmd, t.signalHandling)
 		if !ok {
 			return
 		}
@@ -224,7 +233,7 @@ func (t *tablet) paused(ctx workflow.Context) (bool, error) {
 		}
 		sel.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
 			var cmd TabletCommand
-			if err := receive(ctx, c, &cmd); err != nil {
+			if err := receive(ctx, c, &cmd, t.signalHandling); err != nil {
 				t.badSignal(ctx, SignalTabletCommand, err)
 				return
 			}
@@ -258,7 +267,7 @@ func (t *tablet) wait(ctx workflow.Context) error {
 	sel.AddFuture(timer, func(workflow.Future) {})
 	sel.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
 		var cmd TabletCommand
-		if err := receive(ctx, c, &cmd); err != nil {
+		if err := receive(ctx, c, &cmd, t.signalHandling); err != nil {
 			t.badSignal(ctx, SignalTabletCommand, err)
 			return
 		}

@@ -272,21 +272,60 @@ func retriesExhausted(err error) bool {
 	return false
 }
 
+// errorMessage is what an error shows in a status: rootMessage, or for a
+// workflow from before changeSignalHandling innermostMessage.
+func errorMessage(err error, withContext bool) string {
+	if withContext {
+		return rootMessage(err)
+	}
+	return innermostMessage(err)
+}
+
+// innermostMessage is the innermost error's message (an ApplicationError's
+// own, without the "(type: …, retryable: …)" its Error adds). It drops the
+// context of a wrapped error ("not a directory" for a sink path that is
+// not one): rootMessage replaces it.
+func innermostMessage(err error) string {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			break
+		}
+		err = next
+	}
+	var app *temporal.ApplicationError
+	if errors.As(err, &app) && app.Message() != "" {
+		return app.Message()
+	}
+	return err.Error()
+}
+
 // rootMessage is what actually went wrong: the innermost message that is
 // more than its cause's message with context in front. Down a chain of
 // wraps that only add a prefix ("open sink for tablet t-0001: mkdir
 // /data/out: not a directory" → … → "not a directory") it keeps the
 // outermost, which names the path or the tablet; where a message says
 // something its cause does not ("sink: access denied" over "password
-// authentication failed …"), it goes on to the cause. ApplicationErrors
-// count by their own message, without the "(type: …, retryable: …)" their
-// Error adds.
+// authentication failed …"), it goes on to the cause. The SDK's wrappers
+// (an activity's or child workflow's error) do not count, and errors
+// count by their own message, without the "(type: …, retryable: …)"
+// their Error adds.
 func rootMessage(err error) string {
 	var msgs []string
 	for ; err != nil; err = errors.Unwrap(err) {
-		msg := err.Error()
-		if app, ok := err.(*temporal.ApplicationError); ok && app.Message() != "" {
-			msg = app.Message()
+		var msg string
+		switch e := err.(type) {
+		case *temporal.ActivityError, *temporal.ChildWorkflowExecutionError:
+			continue
+		case *temporal.ApplicationError:
+			msg = e.Message()
+		case *temporal.TimeoutError:
+			msg = e.Message()
+		case *temporal.CanceledError:
+			msg = "canceled"
+		}
+		if msg == "" {
+			msg = err.Error()
 		}
 		msgs = append(msgs, msg)
 	}

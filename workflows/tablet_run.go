@@ -43,7 +43,7 @@ func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, erro
 	if isType(err, activities.ErrNoEligibleReplica) {
 		state = NoEligibleReplica
 	}
-	t.st.Status.LastError = clip(rootMessage(err))
+	t.st.Status.LastError = clip(errorMessage(err, t.signalHandling))
 	if rerr := t.setState(ctx, state, "", t.st.Status.LastError); rerr != nil {
 		return sel, rerr
 	}
@@ -102,7 +102,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		s.AddFuture(fut, func(workflow.Future) {})
 		s.AddReceive(t.progress, func(c workflow.ReceiveChannel, _ bool) {
 			var p activities.Progress
-			if err := receive(ctx, c, &p); err != nil {
+			if err := receive(ctx, c, &p, t.signalHandling); err != nil {
 				t.badSignal(ctx, activities.SignalProgress, err)
 				return
 			}
@@ -117,7 +117,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		})
 		s.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
 			var cmd TabletCommand
-			if err := receive(ctx, c, &cmd); err != nil {
+			if err := receive(ctx, c, &cmd, t.signalHandling); err != nil {
 				t.badSignal(ctx, SignalTabletCommand, err)
 				return
 			}
@@ -138,7 +138,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	if runErr != nil {
 		t.log.Warn("tablet run failed", "error", runErr)
 	}
-	o := runOutcome(res, runErr, cancelled)
+	o := runOutcome(res, runErr, cancelled, t.signalHandling)
 	if o.end == runOK {
 		t.st.Status.Records += res.Records
 		t.st.Status.Batches += res.Batches

@@ -51,4 +51,15 @@ const (
 	// read it with a describe, which a stream busy with hundreds of
 	// tablets' reports answers at once where a query waits.
 	changeExclusionsMemo = "exclusions-memo"
+
+	// changeSignalHandling: the workflows receive signals raw and decode
+	// them themselves, so an undecodable one is rejected (shown in the
+	// stream's status) instead of dropped by the SDK while it blocks for
+	// the next signal of that name; a tablet about to continue as new
+	// applies a command that came while it waited for its reports instead
+	// of leaving it behind; an error in a reason keeps its context
+	// (rootMessage, not innermostMessage); and a stream's first run
+	// decodes its config with config.DecodeForStart, which refuses a size
+	// given as 0. Each changes which commands follow such input.
+	changeSignalHandling = "signal-handling"
 )

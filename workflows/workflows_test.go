@@ -55,6 +55,8 @@ func TestStreamWorkflowFailsAtOnceOnABadConfigNamingTheField(t *testing.T) {
 		{"bad value", `{"source":{"kind":"tabletd","address":"a:1","keyspace":"k"},"sink":{"kind":"jsonl","path":"/x"},"batch":{"maxRecords":-5}}`, "batch.maxRecords"},
 		// A required field missing.
 		{"missing sink", `{"source":{"kind":"tabletd","address":"a:1","keyspace":"k"}}`, "sink.kind"},
+		// A size given as 0 is not taken for the default at a start.
+		{"zero size", `{"source":{"kind":"tabletd","address":"a:1","keyspace":"k"},"sink":{"kind":"jsonl","path":"/x"},"batch":{"maxRecords":0}}`, "batch.maxRecords: 0 not in"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
