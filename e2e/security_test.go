@@ -52,7 +52,9 @@ func TestStreamOverMutualTLSEverywhere(t *testing.T) {
 	// Without a client certificate the frontend refuses the starter.
 	msg, err = e.starter("status", "tls-stream", "--tls-ca", certs.CA)
 	require.Error(t, err, "a client without a certificate must be refused: %s", msg)
-	require.Contains(t, msg, "certificate", "the refusal says why")
+	// What the refusal looks like depends on when TLS 1.3 reports it (a
+	// bad certificate alert, or a broken pipe); the starter names where.
+	require.Contains(t, msg, "connect to Temporal at "+frontend.Addr)
 
 	// Server-only TLS: the starter needs only the CA.
 	oneWay, err := certs.Server(false).Server()
