@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	commonpb "go.temporal.io/api/common/v1"
 	"go.temporal.io/sdk/converter"
+	"go.temporal.io/sdk/testsuite"
 
 	"github.com/tabletflow/tabletflow/codec"
 	"github.com/tabletflow/tabletflow/source"
@@ -56,25 +57,15 @@ func TestTruncateCutsOnARuneBoundaryAndMarksTheCut(t *testing.T) {
 // drop it and wait for the next signal of that name, stalling the stream.)
 func TestStreamRejectsUndecodableSignalsAndTakesTheNextOnes(t *testing.T) {
 	env := newEnv(t)
-	w := &streamWith{lists: [][]source.Tablet{{{ID: "t-0001", Replicas: []source.Replica{{Alias: "zone1-0000000101"}}}}}}
-	w.mock(env)
-	var started startedTablets
-	started.mock(env)
 	raw := func(encoding, data string) converter.RawValue {
 		return converter.NewRawValue(&commonpb.Payload{
 			Metadata: map[string][]byte{converter.MetadataEncoding: []byte(encoding)}, Data: []byte(data)})
 	}
-	var st StreamStatus
-	env.RegisterDelayedCallback(func() {
+	st := badThenGoodSignal(t, env, func() {
 		env.SignalWorkflow(CmdExclude, raw(converter.MetadataEncodingJSON, `{"aliases": [`))
 		env.SignalWorkflow(SignalTabletReport, raw(converter.MetadataEncodingJSON, `"not a report"`))
 		env.SignalWorkflow(CmdPause, raw("binary/plain", "\x00\x01"))
-	}, 5*time.Second)
-	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(CmdExclude, json.RawMessage(`{"aliases": ["zone1-0000000101"], "reason": "after the bad ones"}`))
-	}, 6*time.Second)
-	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 10*time.Second)
-	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+	}, "after the bad ones")
 
 	require.Len(t, st.Rejected, 3, "%+v", st.Rejected)
 	require.Equal(t, CmdExclude, st.Rejected[0].Signal)
@@ -101,24 +92,33 @@ func TestStreamRejectsASignalSealedWithAnUnknownKey(t *testing.T) {
 	// converter; a raw one goes as it is, as if from a client that sealed
 	// it with its own key.
 	env.SetDataConverter(rawPassing{ours.DataConverter()})
-	w := &streamWith{lists: [][]source.Tablet{{{ID: "t-0001", Replicas: []source.Replica{{Alias: "zone1-0000000101"}}}}}}
-	w.mock(env)
-	var started startedTablets
-	started.mock(env)
 	sealed, err := theirs.DataConverter().ToPayload(json.RawMessage(`{"aliases": ["zone1-0000000101"], "reason": "other key"}`))
 	require.NoError(t, err)
-	var st StreamStatus
-	env.RegisterDelayedCallback(func() { env.SignalWorkflow(CmdExclude, converter.NewRawValue(sealed)) }, 5*time.Second)
-	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(CmdExclude, json.RawMessage(`{"aliases": ["zone1-0000000101"], "reason": "our key"}`))
-	}, 6*time.Second)
-	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 10*time.Second)
-	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+	st := badThenGoodSignal(t, env, func() { env.SignalWorkflow(CmdExclude, converter.NewRawValue(sealed)) }, "our key")
 
 	require.Len(t, st.Rejected, 1, "%+v", st.Rejected)
 	require.Contains(t, st.Rejected[0].Reason, "unknown encryption key \""+codec.KeyID(key(2))+"\"")
 	require.Len(t, st.Exclude, 1)
 	require.Equal(t, "our key", st.Exclude[0].Reason)
+}
+
+// badThenGoodSignal runs a stream of one tablet on replica
+// zone1-0000000101, sends the bad signals at 5 s and a good exclusion
+// with reason at 6 s, and returns the stream's status at 10 s.
+func badThenGoodSignal(t *testing.T, env *testsuite.TestWorkflowEnvironment, bad func(), reason string) StreamStatus {
+	t.Helper()
+	w := &streamWith{lists: [][]source.Tablet{{{ID: "t-0001", Replicas: []source.Replica{{Alias: "zone1-0000000101"}}}}}}
+	w.mock(env)
+	var started startedTablets
+	started.mock(env)
+	var st StreamStatus
+	env.RegisterDelayedCallback(bad, 5*time.Second)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(CmdExclude, json.RawMessage(`{"aliases": ["zone1-0000000101"], "reason": "`+reason+`"}`))
+	}, 6*time.Second)
+	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 10*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+	return st
 }
 
 // rawPassing encodes a lone converter.RawValue as it is.

@@ -70,7 +70,8 @@ type tablet struct {
 	// reroute: a run may move to another replica in place
 	// (changeInPlaceReroute).
 	reroute bool
-	// signalHandling: signals decoded here, errors with their context
+	// signalHandling: signals decoded here, commands that come while the
+	// run waits to continue as new applied, errors with their context
 	// (changeSignalHandling).
 	signalHandling bool
 	// progress: the activity's own signals; commands: the stream's.
