@@ -33,6 +33,11 @@ type Flags struct {
 	// (default $TABLETFLOW_ENCRYPTION_KEY_FILE, or the keys themselves in
 	// $TABLETFLOW_ENCRYPTION_KEYS; neither: payloads are not encrypted).
 	EncryptionKeyFile string
+	// Compression is the gRPC compression of calls to Temporal: "none"
+	// (the default: tabletflow's payloads are small checkpoints and
+	// reports, and gzip cost every poll and heartbeat CPU on the worker
+	// and the server) or "gzip" (the SDK's default, for a slow link).
+	Compression string
 
 	codec     *codec.Codec
 	codecRead bool
@@ -52,6 +57,8 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.TLSCA, "tls-ca", "", "CA certificate file to verify the server")
 	fs.StringVar(&f.TLSCert, "tls-cert", "", "client certificate file (mTLS)")
 	fs.StringVar(&f.TLSKey, "tls-key", "", "client key file (mTLS)")
+	fs.StringVar(&f.Compression, "grpc-compression", "none",
+		"compression of gRPC calls to Temporal: none, or gzip for a slow link")
 	fs.StringVar(&f.EncryptionKeyFile, "encryption-key-file", os.Getenv(EnvEncryptionKeyFile),
 		"encrypt every payload with AES-256-GCM: base64 keys one a line, the first seals, all open (default: $"+EnvEncryptionKeyFile+", or the keys in $"+EnvEncryptionKeys+")")
 }
@@ -93,6 +100,14 @@ func (f *Flags) Options(logger log.Logger) (client.Options, error) {
 			return client.Options{}, err
 		}
 		opts.ConnectionOptions.TLS = cfg
+	}
+	switch f.Compression {
+	case "", "none":
+		opts.ConnectionOptions.GrpcCompression = &client.GrpcCompressionNone{}
+	case "gzip":
+		opts.ConnectionOptions.GrpcCompression = &client.GrpcCompressionGzip{}
+	default:
+		return client.Options{}, fmt.Errorf("grpc-compression: %q: want none or gzip", f.Compression)
 	}
 	c, err := f.Codec()
 	if err != nil {

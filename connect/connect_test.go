@@ -2,7 +2,9 @@ package connect_test
 
 import (
 	"context"
+	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -10,6 +12,7 @@ import (
 	"go.temporal.io/sdk/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/tabletflow/tabletflow/connect"
@@ -61,4 +64,56 @@ func TestAPIKeyFromTheEnvironmentReachesTheServerOverTLS(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	require.Equal(t, []string{"Bearer key-from-the-environment"}, <-f.auth)
+}
+
+// countingGzip is gRPC's gzip compressor counting the messages it
+// compresses: registered under "gzip", it is what a client asking for gzip
+// uses.
+type countingGzip struct {
+	encoding.Compressor
+	compressed atomic.Int64
+}
+
+func (c *countingGzip) Compress(w io.Writer) (io.WriteCloser, error) {
+	c.compressed.Add(1)
+	return c.Compressor.Compress(w)
+}
+
+// TestCallsToTemporalAreUncompressedUnlessGzipIsAsked: tabletflow's calls
+// to Temporal carry small payloads, so by default they go uncompressed
+// (gzip cost every poll and heartbeat CPU on the worker and the server);
+// --grpc-compression gzip turns the SDK's gzip back on, and any other value
+// is refused naming the flag.
+func TestCallsToTemporalAreUncompressedUnlessGzipIsAsked(t *testing.T) {
+	gz := &countingGzip{Compressor: encoding.GetCompressor("gzip")}
+	encoding.RegisterCompressor(gz)
+	t.Cleanup(func() { encoding.RegisterCompressor(gz.Compressor) })
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	workflowservice.RegisterWorkflowServiceServer(srv, &frontend{auth: make(chan []string, 1)})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	dial := func(compression string) int64 {
+		t.Helper()
+		before := gz.compressed.Load()
+		flags := connect.Flags{Address: lis.Addr().String(), Compression: compression}
+		opts, err := flags.Options(connect.Quiet{})
+		require.NoError(t, err)
+		c, err := client.Dial(opts)
+		require.NoError(t, err)
+		defer c.Close()
+		// A request with a body (gRPC does not compress an empty one); the
+		// fake answers Unimplemented, which does not matter here.
+		_, _ = c.WorkflowService().DescribeNamespace(context.Background(), &workflowservice.DescribeNamespaceRequest{Namespace: "default"})
+		return gz.compressed.Load() - before
+	}
+	require.Zero(t, dial(""), "the default compressed a call")
+	require.Zero(t, dial("none"), "none compressed a call")
+	require.Positive(t, dial("gzip"), "gzip sent no compressed call")
+
+	flags := connect.Flags{Address: lis.Addr().String(), Compression: "zstd"}
+	_, err = flags.Options(connect.Quiet{})
+	require.ErrorContains(t, err, `grpc-compression: "zstd": want none or gzip`)
 }
