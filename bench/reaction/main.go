@@ -25,6 +25,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,9 +78,10 @@ func (b *bed) close() {
 }
 
 var (
-	binDir        string
-	workerPollers int
-	server        *testbed.DevServer
+	binDir         string
+	workerPollers  int
+	workerLogLevel string
+	server         *testbed.DevServer
 )
 
 func run() error {
@@ -90,6 +92,7 @@ func run() error {
 	pairs := flag.Int("isolation-pairs", 4, "fault-free and failing drains of the isolation case")
 	excludeAt := flag.String("exclude-tablets", "64,256", "comma-separated tablet counts for the exclude reaction")
 	flag.IntVar(&workerPollers, "pollers", 0, "the worker's --pollers (0: its default)")
+	flag.StringVar(&workerLogLevel, "worker-log-level", "warn", "the worker's --log-level (info logs every move in place)")
 	flag.Parse()
 	want := map[string]bool{}
 	for _, c := range strings.Split(*cases, ",") {
@@ -178,7 +181,7 @@ func newBed(c client.Client, dir, name string, tabletdArgs ...string) (*bed, err
 	if err != nil {
 		return nil, err
 	}
-	wargs := []string{"--address", server.Addr, "--task-queue", "tq-" + name, "--log-level", "warn"}
+	wargs := []string{"--address", server.Addr, "--task-queue", "tq-" + name, "--log-level", workerLogLevel}
 	if workerPollers > 0 {
 		wargs = append(wargs, "--pollers", strconv.Itoa(workerPollers))
 	}
@@ -386,19 +389,41 @@ func (b *bed) readers(id, alias string) ([]string, error) {
 // moved waits until another replica has served each of the tablets, by
 // tabletd's account (the replica that served each tablet's last
 // GetChanges): data flows from elsewhere.
-func (b *bed) moved(id, alias string, tablets []string) error {
-	return b.until(2*time.Minute, "tablets leave "+alias, func() bool {
+// It returns the last tablets to leave, with when each was first seen
+// elsewhere (seconds after t0), slowest first.
+func (b *bed) moved(id, alias string, tablets []string, t0 time.Time) ([]straggler, error) {
+	left := map[string]float64{}
+	err := b.until(2*time.Minute, "tablets leave "+alias, func() bool {
 		s, err := b.topo.DescribeStream(context.Background(), &sourcepb.DescribeStreamRequest{Stream: id})
 		if err != nil {
 			return false
 		}
+		done := true
 		for _, t := range s.Tablets {
-			if slices.Contains(tablets, t.Tablet) && (t.LastReplica == alias || t.LastReplica == "") {
-				return false
+			if !slices.Contains(tablets, t.Tablet) {
+				continue
+			}
+			if t.LastReplica == alias || t.LastReplica == "" {
+				done = false
+			} else if _, ok := left[t.Tablet]; !ok {
+				left[t.Tablet] = round(time.Since(t0).Seconds())
 			}
 		}
-		return true
+		return done
 	})
+	var out []straggler
+	for tab, at := range left {
+		out = append(out, straggler{Tablet: tab, LeftS: at})
+	}
+	slices.SortFunc(out, func(a, b straggler) int { return cmp.Compare(b.LeftS, a.LeftS) })
+	return out[:min(len(out), 3)], err
+}
+
+// straggler is one of the last tablets of a trial to leave the excluded
+// replica.
+type straggler struct {
+	Tablet string  `json:"tablet"`
+	LeftS  float64 `json:"left_s"`
 }
 
 // busiest returns the replica most tablets read, and how many.
@@ -445,11 +470,14 @@ func exclude(c client.Client, dir string, tablets, repeats int) (map[string]any,
 			json.RawMessage(fmt.Sprintf(`{"aliases": [%q], "reason": "bench"}`, alias))); err != nil {
 			return nil, err
 		}
-		if err := b.moved(name, alias, on); err != nil {
+		last, err := b.moved(name, alias, on, t0)
+		if err != nil {
 			return nil, err
 		}
 		took = append(took, time.Since(t0))
-		split = append(split, b.stagesOf(name, on, t0))
+		sg := b.stagesOf(name, on, t0)
+		sg.Last = last
+		split = append(split, sg)
 		if err := c.SignalWorkflow(context.Background(), name, "", workflows.CmdInclude,
 			json.RawMessage(fmt.Sprintf(`{"aliases": [%q]}`, alias))); err != nil {
 			return nil, err
@@ -485,7 +513,7 @@ func down(c client.Client, dir string, repeats int) (summary, error) {
 		if _, err := b.admin.Fault(context.Background(), &sourcepb.FaultRequest{Server: alias, Down: true}); err != nil {
 			return summary{}, err
 		}
-		if err := b.moved("down", alias, on); err != nil {
+		if _, err := b.moved("down", alias, on, t0); err != nil {
 			return summary{}, err
 		}
 		took = append(took, time.Since(t0))

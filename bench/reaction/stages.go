@@ -33,6 +33,8 @@ type stages struct {
 	Moved float64 `json:"moved_in_place_signal_s"`
 	// InPlace: how many of the tablets moved in place.
 	InPlace int `json:"moved_in_place"`
+	// Last: the last tablets to leave by tabletd's account, slowest first.
+	Last []straggler `json:"last_to_leave"`
 }
 
 // stagesOf reads the stream's and the moved tablets' histories.
