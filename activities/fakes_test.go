@@ -239,6 +239,12 @@ func (c *fakeClock) now() time.Time {
 	return c.t
 }
 
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
 func (c *fakeClock) end() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

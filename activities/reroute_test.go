@@ -104,6 +104,60 @@ func TestGetChangesMovesToAnotherReplicaInPlaceWhenTheOperatorExcludesItsReplica
 	require.Equal(t, otherAlias, beats[len(beats)-1].hb.Switched.Replica.Alias)
 }
 
+// A run that moves in place to a fallback replica (the operator excluded
+// the preferred cell's one) ends FallbackRun after the move, however long
+// its run.duration: the next run picks again, so the tablet returns to
+// the preferred replica once the operator includes it, as promptly as
+// after a fallback pick at a run's start. A move to a preferred replica
+// keeps the run's own end.
+func TestGetChangesOnAFallbackReplicaMovedToInPlaceEndsAfterFallbackRun(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		otherCell string
+		wantEnds  bool
+	}{
+		{name: "fallback", otherCell: "zone2", wantEnds: true},
+		{name: "preferred", otherCell: "zone1", wantEnds: false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, _ := rerouteRig(t)
+			r.src.replicas[1].Cell = tt.otherCell
+			r.a.RecheckEvery = 5 * time.Millisecond // the fake clock's advance is seen at the next check
+			orig := r.src.poll
+			r.src.poll = func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+				if r.src.readersOf()[n] == otherAlias && req.From == cp(6) {
+					<-ctx.Done() // a quiet tablet on the new replica: only the run's end ends the run
+					return source.Batch{}, ctx.Err()
+				}
+				return orig(ctx, n, req)
+			}
+			in := input() // RunFor: an hour
+			in.Reroute = &Reroute{Selection: config.Selection{Cells: []string{"zone1"}, CellPreference: "preferLocal"}}
+			done := r.start(in)
+			deadline := time.Now().Add(30 * time.Second)
+			for r.mem.checkpoint(testTablet) != cp(6) {
+				require.True(t, time.Now().Before(deadline), "the run did not move and commit")
+				time.Sleep(5 * time.Millisecond)
+			}
+			r.clock.advance(FallbackRun + time.Second)
+			select {
+			case o := <-done:
+				require.True(t, tt.wantEnds, "a run on a preferred replica ended before its run.duration: %+v", o.res)
+				require.NoError(t, o.err)
+				require.Equal(t, StoppedRunEnded, o.res.Stopped)
+				require.True(t, o.res.Switched.Fallback)
+				require.Equal(t, cp(6), o.res.Checkpoint)
+			case <-time.After(time.Second):
+				require.False(t, tt.wantEnds, "a run on a fallback replica did not end FallbackRun after its move")
+				r.clock.end()
+				o := <-done
+				require.NoError(t, o.err)
+				require.False(t, o.res.Switched.Fallback)
+			}
+		})
+	}
+}
+
 // A slow server does not slow the reads: the move's progress signal waits
 // in its queue while the run commits from the new replica, and reaches
 // the workflow before the run returns.

@@ -361,6 +361,13 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 						if err == nil {
 							log.Info("moved to another replica in place", zap.String("to", next.Replica.Alias))
 							cur, replica, log, res.Switched, slotRead = r, next.Replica, nlog, &next, time.Time{}
+							if end := a.now().Add(FallbackRun); next.Fallback && end.Before(deadline) {
+								// Back to the preferred replica as soon as
+								// a fallback pick at the run's start would
+								// be.
+								deadline = end
+								runEnds.Reset(FallbackRun)
+							}
 							beat.set(progress(""))
 							sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next})
 							continue
@@ -430,6 +437,13 @@ func (r *reading) close() {
 		_ = c.Close()
 	}
 }
+
+// FallbackRun bounds a run on a fallback replica (a better-ranked one was
+// down, lagging or excluded when it was picked), whether picked at the
+// run's start or in place: the next run picks again, so a tablet returns
+// to its preferred replica within about this long of it recovering,
+// however long run.duration is.
+const FallbackRun = time.Minute
 
 // rerouteTimeout bounds the topology read of a move in place.
 const rerouteTimeout = 5 * time.Second

@@ -6,11 +6,13 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/config"
 )
 
 func TestDecideWhatARunsEndMeansForTheTablet(t *testing.T) {
@@ -132,4 +134,24 @@ func TestRootMessageKeepsTheContextOfPrefixWraps(t *testing.T) {
 	require.Equal(t, "heartbeat timeout", rootMessage(temporal.NewHeartbeatTimeoutError()))
 	require.Equal(t, rootMessage(pathErr), errorMessage(pathErr, true))
 	require.Equal(t, innermostMessage(pathErr), errorMessage(pathErr, false))
+}
+
+// A run on a fallback replica reads at most activities.FallbackRun, so the
+// next pick brings the tablet back to its preferred replica that soon;
+// any other run reads run.duration.
+func TestARunOnAFallbackReplicaIsBoundedByFallbackRun(t *testing.T) {
+	five := config.Duration(5 * time.Minute)
+	short := config.Duration(20 * time.Second)
+	for _, tt := range []struct {
+		name string
+		d    config.Duration
+		sel  activities.Selection
+		want config.Duration
+	}{
+		{"preferred", five, activities.Selection{}, five},
+		{"fallback", five, activities.Selection{Fallback: true}, config.Duration(activities.FallbackRun)},
+		{"fallback, run.duration shorter", short, activities.Selection{Fallback: true}, short},
+	} {
+		require.Equal(t, tt.want, runFor(tt.d, tt.sel), tt.name)
+	}
 }

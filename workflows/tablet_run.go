@@ -77,7 +77,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	})
 	in := activities.GetChangesInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
-		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Start: t.in.Start, Batch: cfg.Batch, RunFor: cfg.Run.Duration,
+		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Start: t.in.Start, Batch: cfg.Batch, RunFor: runFor(cfg.Run.Duration, sel),
 		Retention: t.in.Retention,
 	}
 	if t.reroute {
@@ -203,4 +203,14 @@ func (t *tablet) advance(cp source.Checkpoint) {
 		t.st.Checkpoint = cp
 		t.st.Status.Checkpoint = cp
 	}
+}
+
+// runFor is how long a run on sel reads: run.duration, but at most
+// activities.FallbackRun on a fallback replica, so that the next pick
+// brings the tablet back to its preferred one.
+func runFor(d config.Duration, sel activities.Selection) config.Duration {
+	if sel.Fallback && d.D() > activities.FallbackRun {
+		return config.Duration(activities.FallbackRun)
+	}
+	return d
 }
