@@ -169,7 +169,11 @@ var (
 	// second instead of once per record or two, short enough to keep the
 	// commit-to-sink lag p99 under 1 s (0.65 s measured at 2000 records/s
 	// over 16 tablets; 200ms halved the lag but cost 1.3× the CPU).
-	DefaultLinger          = 500 * time.Millisecond
+	DefaultLinger = 500 * time.Millisecond
+	// DefaultRun: a run's end costs the server a few writes and the tablet
+	// a pause in its reads (seconds under load, which is what made an
+	// exclusion at 256 tablets take up to 8 s with 1m runs); runs on a
+	// fallback replica end sooner (activities.FallbackRun).
 	DefaultRun             = Run{Duration: Duration(5 * time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
 	DefaultReportRate      = 100.0
