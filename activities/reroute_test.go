@@ -158,6 +158,73 @@ func TestGetChangesOnAFallbackReplicaMovedToInPlaceEndsAfterFallbackRun(t *testi
 	}
 }
 
+// A run on a fallback replica picks again when its FallbackRun is up and,
+// the operator having included the preferred replica meanwhile, moves back
+// to it in place: the run goes on (no run's end, which under load costs
+// the tablet seconds of reads), records go on from the committed
+// checkpoint, none twice, and the tablet hears it is off the fallback.
+func TestGetChangesOnAFallbackMovesBackInPlaceWhenItsTimeIsUp(t *testing.T) {
+	r := newRig(t)
+	r.src.replicas = twoReplicas()
+	stream := &fakeStream{}
+	stream.set(config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}})
+	r.a.Client = stream
+	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+	r.a.RecheckEvery = 5 * time.Millisecond // the fake clock's advance is seen at the next check
+	served := map[string]int{}
+	r.src.poll = func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+		alias := r.src.readersOf()[n]
+		served[alias]++
+		switch {
+		case alias == otherAlias && served[alias] == 1:
+			return batch(1, 3), nil
+		case alias == testAlias && served[alias] == 1:
+			return source.Batch{Records: sinktest.Records(testTablet, req.From.Index+1, req.From.Index+3),
+				Checkpoint: cp(req.From.Index + 3), CaughtUp: true}, nil
+		case alias == testAlias:
+			r.clock.end()
+		}
+		<-ctx.Done()
+		return source.Batch{}, ctx.Err()
+	}
+	in := input() // RunFor: an hour
+	in.Replica = twoReplicas()[1]
+	in.Reroute = &Reroute{Selection: config.Selection{Cells: []string{"zone1"}, CellPreference: "preferLocal"}, Fallback: true}
+	done := r.start(in)
+	deadline := time.Now().Add(30 * time.Second)
+	for r.mem.checkpoint(testTablet) != cp(3) {
+		require.True(t, time.Now().Before(deadline), "the fallback was not read")
+		time.Sleep(5 * time.Millisecond)
+	}
+	stream.set(config.ExcludeList{}) // the operator includes the preferred replica
+	for list, _ := r.a.Watcher.Watched(testStream); len(list) > 0; list, _ = r.a.Watcher.Watched(testStream) {
+		require.True(t, time.Now().Before(deadline), "the watcher did not read the include")
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.clock.advance(FallbackRun + time.Second)
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the run did not move back and finish")
+	}
+	require.NoError(t, o.err)
+	require.Equal(t, StoppedRunEnded, o.res.Stopped)
+	require.NotNil(t, o.res.Switched, "the run ended on the fallback instead of moving back in place")
+	require.Equal(t, testAlias, o.res.Switched.Replica.Alias)
+	require.False(t, o.res.Switched.Fallback)
+	require.Equal(t, cp(6), o.res.Checkpoint)
+	require.Equal(t, sinktest.Records(testTablet, 1, 6), r.mem.records(testTablet), "every record once, in order")
+	reqs, readers := r.src.requests(), r.src.readersOf()
+	for i, alias := range readers {
+		if alias == testAlias {
+			require.Equal(t, cp(3), reqs[i].From, "the preferred replica is read from the committed checkpoint")
+			require.NotContains(t, readers[i:], otherAlias, "the fallback read after the move")
+			break
+		}
+	}
+}
+
 // A slow server does not slow the reads: the move's progress signal waits
 // in its queue while the run commits from the new replica, and reaches
 // the workflow before the run returns.

@@ -83,6 +83,11 @@ type GetChangesInput struct {
 type Reroute struct {
 	Selection config.Selection   `json:"selection"`
 	Exclude   config.ExcludeList `json:"exclude,omitempty"`
+	// Fallback: in.Replica was a fallback pick (a better-ranked replica
+	// was down, lagging or excluded). FallbackRun after it, the run picks
+	// again and moves back in place if that brings a preferred replica;
+	// if not, the run ends and the tablet selects.
+	Fallback bool `json:"fallback,omitempty"`
 }
 
 // GetChangesResult is where a run got to. Records never travel here.
@@ -174,8 +179,9 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	res := GetChangesResult{Checkpoint: source.Max(in.Checkpoint, hb.Checkpoint), Records: hb.Records, Batches: hb.Batches,
 		Switched: hb.Switched}
 	replica := in.Replica
+	onFallback := in.Reroute != nil && in.Reroute.Fallback
 	if hb.Switched != nil {
-		replica = hb.Switched.Replica
+		replica, onFallback = hb.Switched.Replica, hb.Switched.Fallback
 	}
 	base := a.logger().With(zap.String("stream", in.Stream), zap.String("tablet", in.Tablet), zap.Int32("attempt", info.Attempt))
 	log := base.With(zap.String("replica", replica.Alias))
@@ -261,8 +267,14 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	defer func() { cur.close() }()
 	var slotRead time.Time
 	defer a.Watcher.Watch(in.Stream)()
-	deadline := a.now().Add(in.RunFor.D())
-	runEnds := time.NewTimer(in.RunFor.D())
+	// The run reads until runDeadline; on a fallback replica it looks for
+	// a preferred one again at deadline, FallbackRun after it got there.
+	runDeadline := a.now().Add(in.RunFor.D())
+	deadline := runDeadline
+	if end := a.now().Add(FallbackRun); onFallback && end.Before(deadline) {
+		deadline = end
+	}
+	runEnds := time.NewTimer(deadline.Sub(a.now()))
 	defer runEnds.Stop()
 	recheck := time.NewTicker(a.recheckEvery())
 	defer recheck.Stop()
@@ -332,6 +344,29 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			zap.Stringer("checkpoint", res.Checkpoint), zap.Duration("took", a.now().Sub(began)))
 		return nil
 	}
+	// moveTo leaves the replica read for next, in place, from the
+	// committed checkpoint; false if next cannot be opened (the current
+	// one is closed by then: the run ends and the tablet selects again).
+	moveTo := func(next Selection) bool {
+		cur.close()
+		nlog := base.With(zap.String("replica", next.Replica.Alias))
+		r, err := open(next.Replica, nlog)
+		if err != nil {
+			log.Warn("could not open the replica picked in place; the tablet selects again",
+				zap.String("to", next.Replica.Alias), zap.Error(err))
+			return false
+		}
+		log.Info("moved to another replica in place", zap.String("to", next.Replica.Alias), zap.Bool("fallback", next.Fallback))
+		cur, replica, log, res.Switched, slotRead, onFallback = r, next.Replica, nlog, &next, time.Time{}, next.Fallback
+		deadline = runDeadline
+		if end := a.now().Add(FallbackRun); next.Fallback && end.Before(deadline) {
+			deadline = end
+		}
+		runEnds.Reset(deadline.Sub(a.now()))
+		beat.set(progress(""))
+		sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next})
+		return true
+	}
 	for {
 		// Wait for a poll, looking out for the end of the run meanwhile.
 		var first polled
@@ -349,32 +384,21 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 					}
 				default:
 				}
-				if excluded {
-					if next, ok := a.reroute(ctx, src, in, replica.Alias, log); ok {
-						// Leave the excluded replica in place: no round
-						// trip through the tablet workflow and the
-						// server's task queues, which take seconds when
-						// an exclusion moves hundreds of tablets at once.
-						cur.close()
-						nlog := base.With(zap.String("replica", next.Replica.Alias))
-						r, err := open(next.Replica, nlog)
-						if err == nil {
-							log.Info("moved to another replica in place", zap.String("to", next.Replica.Alias))
-							cur, replica, log, res.Switched, slotRead = r, next.Replica, nlog, &next, time.Time{}
-							if end := a.now().Add(FallbackRun); next.Fallback && end.Before(deadline) {
-								// Back to the preferred replica as soon as
-								// a fallback pick at the run's start would
-								// be.
-								deadline = end
-								runEnds.Reset(FallbackRun)
-							}
-							beat.set(progress(""))
-							sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next})
-							continue
-						}
-						log.Warn("could not open the replica picked in place; the tablet selects again",
-							zap.String("to", next.Replica.Alias), zap.Error(err))
-					}
+				// Leave an excluded replica, or a fallback whose time is
+				// up for a preferred one, in place: no round trip
+				// through the tablet workflow and the server's task
+				// queues, which take seconds when hundreds of tablets
+				// move at once.
+				var next Selection
+				var ok bool
+				switch {
+				case excluded:
+					next, ok = a.reroute(ctx, src, in, replica.Alias, log)
+				case stopping == StoppedRunEnded && onFallback && a.now().Before(runDeadline):
+					next, ok = a.preferredAgain(ctx, src, in, replica.Alias)
+				}
+				if ok && moveTo(next) {
+					continue
 				}
 				res.Stopped = stopping
 				return res, nil
@@ -438,11 +462,12 @@ func (r *reading) close() {
 	}
 }
 
-// FallbackRun bounds a run on a fallback replica (a better-ranked one was
-// down, lagging or excluded when it was picked), whether picked at the
-// run's start or in place: the next run picks again, so a tablet returns
-// to its preferred replica within about this long of it recovering,
-// however long run.duration is.
+// FallbackRun is how long a run reads a fallback replica (a better-ranked
+// one was down, lagging or excluded when it was picked), whether picked at
+// the run's start or in place, before it picks again: it moves back to a
+// preferred replica in place if there is one (the run goes on), else it
+// ends and the tablet selects. A tablet returns to its preferred replica
+// within about this long of it recovering, however long run.duration is.
 const FallbackRun = time.Minute
 
 // rerouteTimeout bounds the topology read of a move in place.
@@ -456,21 +481,45 @@ const rerouteTimeout = 5 * time.Second
 // cannot be read, or no other replica is eligible: the run then ends and
 // the tablet workflow selects, as it always did.
 func (a *Activities) reroute(ctx context.Context, src source.Source, in GetChangesInput, from string, log *zap.Logger) (Selection, bool) {
-	if in.Reroute == nil {
+	sel, asked, err := a.pickInPlace(ctx, src, in)
+	if !asked {
 		return Selection{}, false
 	}
-	operator, ok := a.Watcher.Watched(in.Stream)
-	if !ok {
-		return Selection{}, false
-	}
-	pctx, cancel := context.WithTimeout(ctx, rerouteTimeout)
-	defer cancel()
-	sel, err := a.pick(pctx, src, in.Stream, in.Tablet, in.Reroute.Selection, append(slices.Clone(in.Reroute.Exclude), operator...))
 	if err != nil || sel.Replica.Alias == from {
 		log.Info("no replica to move to in place; the run ends and the tablet selects", zap.Error(err))
 		return Selection{}, false
 	}
 	return sel, true
+}
+
+// preferredAgain is the pick of a run whose time on a fallback replica is
+// up: a preferred replica other than from, if the picker finds one now
+// (ok false: the run ends and the tablet selects, as after a run).
+func (a *Activities) preferredAgain(ctx context.Context, src source.Source, in GetChangesInput, from string) (Selection, bool) {
+	sel, asked, err := a.pickInPlace(ctx, src, in)
+	if !asked || err != nil || sel.Fallback || sel.Replica.Alias == from {
+		return Selection{}, false
+	}
+	return sel, true
+}
+
+// pickInPlace runs the tablet picker for a move in place: over the
+// topology as it is now, skipping the tablet's own exclusions (as at the
+// run's start) and the operator's list as this worker's watcher read it.
+// asked is false when the run may not move in place (not asked to, or the
+// list not read here).
+func (a *Activities) pickInPlace(ctx context.Context, src source.Source, in GetChangesInput) (sel Selection, asked bool, err error) {
+	if in.Reroute == nil {
+		return Selection{}, false, nil
+	}
+	operator, ok := a.Watcher.Watched(in.Stream)
+	if !ok {
+		return Selection{}, false, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, rerouteTimeout)
+	defer cancel()
+	sel, err = a.pick(pctx, src, in.Stream, in.Tablet, in.Reroute.Selection, append(slices.Clone(in.Reroute.Exclude), operator...))
+	return sel, true, err
 }
 
 // oldestCommitTime is the source commit time of a group's first record

@@ -81,7 +81,10 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		Retention: t.in.Retention,
 	}
 	if t.reroute {
-		in.Reroute = &activities.Reroute{Selection: cfg.Selection, Exclude: t.liveExclusions(ctx)}
+		// The run itself bounds its time on a fallback (see
+		// activities.FallbackRun) and moves back in place when it can.
+		in.RunFor = cfg.Run.Duration
+		in.Reroute = &activities.Reroute{Selection: cfg.Selection, Exclude: t.liveExclusions(ctx), Fallback: sel.Fallback}
 	}
 	fut := workflow.ExecuteActivity(actx, a.GetChanges, in)
 	// moved takes the replica the run moved to in place as the tablet's
@@ -205,9 +208,9 @@ func (t *tablet) advance(cp source.Checkpoint) {
 	}
 }
 
-// runFor is how long a run on sel reads: run.duration, but at most
-// activities.FallbackRun on a fallback replica, so that the next pick
-// brings the tablet back to its preferred one.
+// runFor is how long a run on sel reads when it cannot move in place:
+// run.duration, but at most activities.FallbackRun on a fallback replica,
+// so that the next pick brings the tablet back to its preferred one.
 func runFor(d config.Duration, sel activities.Selection) config.Duration {
 	if sel.Fallback && d.D() > activities.FallbackRun {
 		return config.Duration(activities.FallbackRun)
