@@ -623,8 +623,8 @@ func (b *bench) flow(ctx context.Context, dir string, total uint64) (flowResult,
 		"sink":   map[string]any{"kind": "jsonl", "path": dir},
 		// The raw loop reads PRIMARY replicas; so does this (first choice).
 		"selection": map[string]any{"tabletTypes": []string{"PRIMARY", "REPLICA", "RDONLY"}},
-		"batch":     map[string]any{"maxRecords": batchSize, "maxWait": "500ms"},
-		"run":       map[string]any{"duration": "1m", "heartbeatTimeout": "10s"},
+		// run.duration and heartbeatTimeout: the defaults, what a user gets.
+		"batch": map[string]any{"maxRecords": batchSize, "maxWait": "500ms"},
 	})
 	if err != nil {
 		return res, err
