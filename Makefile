@@ -78,11 +78,11 @@ fuzz: ## every fuzz target for FUZZTIME each (default 30s; make fuzz FUZZTIME=5m
 bench: build $(BIN)/temporal pg ## benchmarks; results into bench/results
 	mkdir -p bench/results
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
-	go run ./bench/throughput --bin $(BIN) --out bench/results/throughput.json
+	go run ./bench/throughput --bin $(BIN) --measure-events 90s --out bench/results/throughput.json
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
 	go run ./bench/pgsource --bin $(BIN) --out bench/results/pgsource.json
 	go run ./bench/pgsink --out bench/results/pgsink.json
-	go run ./bench/scale --bin $(BIN) --tablets 1000 --steady 2m --out bench/results/scale.json
+	go run ./bench/scale --bin $(BIN) --tablets 1000 --steady 90s --out bench/results/scale.json
 	go run ./bench/report --results bench/results --readme README.md
 
 bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams, then 5 min steady (~30 min); bench/results/scale-5000.json
