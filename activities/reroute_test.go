@@ -22,6 +22,28 @@ func twoReplicas() []source.Replica {
 	}
 }
 
+// movePoll scripts a move between two replicas: from hands out records
+// 1–3 then waits (a quiet tablet), to three records from wherever it is
+// asked, then the run's time is up.
+func movePoll(r *rig, from, to string) func(context.Context, int, source.ChangesRequest) (source.Batch, error) {
+	served := map[string]int{}
+	return func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+		alias := r.src.readersOf()[n]
+		served[alias]++ // the poller reads one replica at a time
+		switch {
+		case alias == from && served[alias] == 1:
+			return batch(1, 3), nil
+		case alias == to && served[alias] == 1:
+			return source.Batch{Records: sinktest.Records(testTablet, req.From.Index+1, req.From.Index+3),
+				Checkpoint: cp(req.From.Index + 3), CaughtUp: true}, nil
+		case alias == to:
+			r.clock.end()
+		}
+		<-ctx.Done()
+		return source.Batch{}, ctx.Err()
+	}
+}
+
 // rerouteRig is a GetChanges whose tablet has two replicas: the first
 // hands out records 1–3 then waits (a quiet tablet), the second records
 // 4–6 from wherever it is asked, then the run's time is up.
@@ -32,22 +54,7 @@ func rerouteRig(t *testing.T) (*rig, *fakeStream) {
 	r.a.Client = stream
 	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
 	r.a.RecheckEvery = time.Hour // the watcher's read wakes the run, not a periodic check
-	served := map[string]int{}
-	r.src.poll = func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
-		alias := r.src.readersOf()[n]
-		served[alias]++ // the poller reads one replica at a time
-		switch {
-		case alias == testAlias && served[alias] == 1:
-			return batch(1, 3), nil
-		case alias == otherAlias && served[alias] == 1:
-			return source.Batch{Records: sinktest.Records(testTablet, req.From.Index+1, req.From.Index+3),
-				Checkpoint: cp(req.From.Index + 3), CaughtUp: true}, nil
-		case alias == otherAlias:
-			r.clock.end()
-		}
-		<-ctx.Done()
-		return source.Batch{}, ctx.Err()
-	}
+	r.src.poll = movePoll(r, testAlias, otherAlias)
 	go func() { // after the first commit (runWithin fails the test if it never comes)
 		for r.mem.checkpoint(testTablet) != cp(3) {
 			time.Sleep(5 * time.Millisecond)
@@ -171,22 +178,7 @@ func TestGetChangesOnAFallbackMovesBackInPlaceWhenItsTimeIsUp(t *testing.T) {
 	r.a.Client = stream
 	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
 	r.a.RecheckEvery = 5 * time.Millisecond // the fake clock's advance is seen at the next check
-	served := map[string]int{}
-	r.src.poll = func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
-		alias := r.src.readersOf()[n]
-		served[alias]++
-		switch {
-		case alias == otherAlias && served[alias] == 1:
-			return batch(1, 3), nil
-		case alias == testAlias && served[alias] == 1:
-			return source.Batch{Records: sinktest.Records(testTablet, req.From.Index+1, req.From.Index+3),
-				Checkpoint: cp(req.From.Index + 3), CaughtUp: true}, nil
-		case alias == testAlias:
-			r.clock.end()
-		}
-		<-ctx.Done()
-		return source.Batch{}, ctx.Err()
-	}
+	r.src.poll = movePoll(r, otherAlias, testAlias)
 	in := input() // RunFor: an hour
 	in.Replica = twoReplicas()[1]
 	in.Reroute = &Reroute{Selection: config.Selection{Cells: []string{"zone1"}, CellPreference: "preferLocal"}, Fallback: true}

@@ -82,7 +82,8 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	}
 	if t.reroute {
 		// The run itself bounds its time on a fallback (see
-		// activities.FallbackRun) and moves back in place when it can.
+		// activities.FallbackRun) and moves back in place when it can,
+		// so it gets the whole run.duration.
 		in.RunFor = cfg.Run.Duration
 		in.Reroute = &activities.Reroute{Selection: cfg.Selection, Exclude: t.liveExclusions(ctx), Fallback: sel.Fallback}
 	}
