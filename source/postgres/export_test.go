@@ -9,3 +9,11 @@ func SetAdvanceEvery(d time.Duration) (restore func()) {
 	advanceEvery = d
 	return func() { advanceEvery = old }
 }
+
+// SetSnapshotHook calls f at each step of a snapshot chunk ("watermark":
+// right after its watermark is written, before its rows are selected;
+// "selected": after), until the returned function removes it.
+func SetSnapshotHook(f func(step string)) (restore func()) {
+	snapshotHook = f
+	return func() { snapshotHook = nil }
+}

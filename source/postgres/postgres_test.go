@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -396,4 +397,136 @@ func TestSnapshotCopiesExistingRowsConsistentlyAcrossACrash(t *testing.T) {
 	got, err := pgbed.ReplaySnapshot(all)
 	require.NoError(t, err)
 	require.Equal(t, want, got, "replaying the snapshot and the changes gives the shard's tables")
+}
+
+// snapshotBed is a one-shard bed (primary only) whose tables hold rows
+// before a snapshot stream starts: items 1…items, orders 1…2.
+func snapshotBed(t *testing.T, stream string, items int) (*bed, source.Checkpoint) {
+	t.Helper()
+	b := newBed(t, pgbed.Options{Shards: 1})
+	ctx := ctxT(t, time.Minute)
+	p := b.c.Shards[0].Primary
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items SELECT g, g, 'sku' || g, 1, 'b' FROM generate_series(1, $1::int) g`, items))
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.orders SELECT g, 'c' || g, g, NULL, now() FROM generate_series(1, 2) g`))
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables, StartFrom: source.StartSnapshot})
+	require.NoError(t, err)
+	return b, st.Start["s1"]
+}
+
+// getAcked asks rd for up to max records after from and acks the batch.
+func getAcked(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoint, max int) ([]source.Record, source.Checkpoint) {
+	t.Helper()
+	ctx := ctxT(t, time.Minute)
+	b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: max, MaxWait: 2 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, rd.Ack(ctx, stream, "s1", b.Checkpoint))
+	return b.Records, b.Checkpoint
+}
+
+// A transaction whose commit is the very next WAL record after a chunk's
+// watermark comes after the chunk, and is still read when a reader resumes
+// from the chunk's checkpoint: the chunk's position must not skip the
+// record that starts where the watermark ends.
+func TestAChangeCommittedRightAfterAChunksWatermarkSurvivesARestart(t *testing.T) {
+	const stream = "wm"
+	b, start := snapshotBed(t, stream, 6)
+	ctx := ctxT(t, time.Minute)
+	p := b.c.Shards[0].Primary
+	primary := b.cfg.Shards[0].Replicas[0].Alias
+	first, cp := getAcked(t, b.reader(t, primary), stream, start, 3) // items 1…3
+	require.Len(t, first, 3)
+
+	// An update of a row already copied, written now and committed right
+	// after the next chunk's watermark.
+	tx, err := p.Connect(ctx)
+	require.NoError(t, err)
+	defer tx.Close(ctx)
+	_, err = tx.Exec(ctx, `BEGIN; UPDATE public.items SET qty = 99 WHERE id = 1`)
+	require.NoError(t, err)
+	committed := false
+	defer postgres.SetSnapshotHook(func(step string) {
+		if step == "watermark" && !committed {
+			committed = true
+			_, err := tx.Exec(ctx, `COMMIT`)
+			require.NoError(t, err)
+		}
+	})()
+	rd := b.reader(t, primary)
+	chunk, cp := getAcked(t, rd, stream, cp, 3) // items 4…6, alone in its batch
+	require.True(t, committed)
+	require.Len(t, chunk, 3)
+	require.Equal(t, source.Read, chunk[0].Op)
+	require.NoError(t, rd.Close()) // the reader dies; another resumes from the chunk
+
+	rest, _ := read(t, b.reader(t, primary), stream, cp, -1)
+	all := slices.Concat(first, chunk, rest)
+	want, err := p.TextTables(ctx)
+	require.NoError(t, err)
+	got, err := pgbed.ReplaySnapshot(all)
+	require.NoError(t, err)
+	require.Equal(t, want, got, "the update committed right after the watermark is read after the restart: %v", rest)
+}
+
+// hangingCommit runs sql in a transaction on p whose commit is written and
+// flushed but stays invisible to everyone else: it waits for a synchronous
+// standby that does not exist (only that session asks for one). release
+// ends the wait (the commit becomes visible); done reports the end.
+func hangingCommit(t *testing.T, p *pgbed.Node, sql string) (release func(), done <-chan error) {
+	t.Helper()
+	ctx := ctxT(t, time.Minute)
+	require.NoError(t, p.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`))
+	require.NoError(t, p.Exec(ctx, `ALTER SYSTEM SET synchronous_commit = 'local'`))
+	require.NoError(t, p.Exec(ctx, `SELECT pg_reload_conf()`))
+	t.Cleanup(func() {
+		for _, q := range []string{`ALTER SYSTEM RESET synchronous_standby_names`, `ALTER SYSTEM RESET synchronous_commit`, `SELECT pg_reload_conf()`} {
+			_ = p.Exec(context.Background(), q)
+		}
+	})
+	conn, err := p.Connect(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var pid int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	ch := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, `SET synchronous_commit = 'on'; `+sql)
+		ch <- err
+	}()
+	require.Eventually(t, func() bool {
+		var ev *string
+		require.NoError(t, p.QueryRow(ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&ev))
+		return ev != nil && *ev == "SyncRep"
+	}, 30*time.Second, 20*time.Millisecond, "the commit waits for the synchronous standby")
+	var once sync.Once
+	return func() { once.Do(func() { _ = p.Exec(ctx, `SELECT pg_cancel_backend($1)`, pid) }) }, ch
+}
+
+// A transaction whose commit is in the WAL before a chunk's watermark but
+// not yet visible when the chunk is selected (on a primary a commit becomes
+// visible only after its record is flushed and, here, acknowledged by a
+// synchronous standby that never answers) must not be overwritten by the
+// chunk's older copy of its rows: the chunk waits until it is visible.
+func TestAChunkNeverHoldsRowsOlderThanAChangeBeforeItsWatermark(t *testing.T) {
+	const stream = "vis"
+	b, start := snapshotBed(t, stream, 6)
+	ctx := ctxT(t, time.Minute)
+	p := b.c.Shards[0].Primary
+	release, committed := hangingCommit(t, p, `UPDATE public.items SET qty = 99 WHERE id = 1`)
+	var qty int
+	require.NoError(t, p.QueryRow(ctx, `SELECT qty FROM public.items WHERE id = 1`).Scan(&qty))
+	require.Equal(t, 1, qty, "the update is not visible yet")
+
+	// Released a moment after the reader's first chunk's select.
+	var once sync.Once
+	defer postgres.SetSnapshotHook(func(string) {
+		once.Do(func() { time.AfterFunc(200*time.Millisecond, release) })
+	})()
+	all, _ := read(t, b.reader(t, b.cfg.Shards[0].Replicas[0].Alias), stream, start, -1)
+	require.NoError(t, <-committed, "the commit was released from its wait")
+	want, err := p.TextTables(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "99", want["public.items"][`{"id":1}`]["qty"])
+	got, err := pgbed.ReplaySnapshot(all)
+	require.NoError(t, err)
+	require.Equal(t, want, got, "no chunk overwrote the update with an older copy: %v", all)
 }

@@ -57,9 +57,9 @@ type Reader struct {
 	idle pglogrepl.LSN
 	rels map[uint32]*relation
 	// snap is the shard's snapshot copy in progress (nil: none, or done);
-	// unacked the watermarks of chunks handed out and not yet acked.
+	// unacked the chunks handed out and not yet marked acked.
 	snap       *snapshot
-	unacked    []pglogrepl.LSN
+	unacked    []handedOut
 	open       *openTxn
 	ready      []whole
 	lastStatus time.Time
@@ -69,6 +69,7 @@ type Reader struct {
 // openTxn is a transaction being received; whole is one received to its
 // commit, its records numbered.
 type openTxn struct {
+	xid        uint32
 	commitTime time.Time
 	records    []source.Record
 }
@@ -162,7 +163,7 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 func (r *Reader) Ack(ctx context.Context, stream, tablet string, cp source.Checkpoint) error {
 	lsn := pglogrepl.LSN(cp.Term)
 	if len(r.unacked) > 0 {
-		r.ackChunks(ctx, stream, lsn)
+		r.ackChunks(ctx, stream, cp)
 	}
 	if lsn <= r.acked {
 		return nil
@@ -354,7 +355,7 @@ func (r *Reader) decode(data []byte) error {
 	case *pglogrepl.RelationMessage:
 		r.rels[m.RelationID] = newRelation(m) // a new description: the table may have changed
 	case *pglogrepl.BeginMessage:
-		r.open = &openTxn{commitTime: m.CommitTime}
+		r.open = &openTxn{xid: m.Xid, commitTime: m.CommitTime}
 	case *pglogrepl.InsertMessage:
 		return r.add(m.RelationID, source.Insert, 0, nil, m.Tuple)
 	case *pglogrepl.UpdateMessage:
@@ -367,6 +368,9 @@ func (r *Reader) decode(data []byte) error {
 		}
 		end := m.TransactionEndLSN
 		recs := r.open.records
+		if r.snap != nil {
+			r.snap.committed(r.open.xid)
+		}
 		r.open = nil
 		if len(recs) == 0 {
 			r.idle = max(r.idle, end)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tabletflow/tabletflow/source"
 )
@@ -18,13 +20,24 @@ import (
 // into the change log so that the result is consistent without holding a
 // snapshot open, and resumable after a crash:
 //
-//  1. the reader writes a watermark message on the primary (at LSN L),
+//  1. the reader writes a watermark message on the primary; it ends at
+//     LSN L, where the next WAL record begins;
 //  2. waits until its replica has replayed L, and selects the next chunk
-//     there (so the rows are as of a moment at or after L),
+//     there in a snapshot that sees every transaction the change log has
+//     delivered so far (so the rows are as of a moment at or after L);
 //  3. records the chunk's cursor on the primary, in
 //     tabletflow.snapshot_chunks, with L;
-//  4. when its change log reaches L, it hands out the chunk's rows at
-//     positions (L+1, 1…n), before the changes that follow L;
+//  4. when its change log reaches L, it checks that the select's snapshot
+//     saw every transaction the log delivered before L: a commit's record
+//     is in the WAL before it becomes visible (on a primary, after its
+//     flush and any synchronous standby's answer), so one written before L
+//     may still have been invisible to the select. If one was, the chunk
+//     is dropped and selected again (step 1) once it is visible; else its
+//     rows are handed out at positions (L, 1…n): after every commit before
+//     L, before every change after it. (L, not L+1: a reader that resumes
+//     from the chunk asks the server for what commits at or after its
+//     checkpoint's LSN, and the commit record that begins at L belongs
+//     after the chunk);
 //  5. once the sink committed them (the Ack), it marks the chunk acked.
 //
 // Changes between L and the moment of the select are then applied on top
@@ -34,6 +47,12 @@ import (
 // marked is copied again, at new positions (Read records are upserts of
 // the row as it then is, so the rows replayed stay the same). A chunk of a
 // reader that was fenced is never acked.
+
+// snapshotHook, if set (by tests), runs at each step of a chunk: right
+// after its watermark is written ("watermark"), while its select waits for
+// a commit to become visible ("waiting"), and after its select
+// ("selected").
+var snapshotHook func(step string)
 
 // snapshotPrefix marks the watermark messages.
 const snapshotPrefix = "tabletflow.snapshot"
@@ -60,11 +79,82 @@ type snapshot struct {
 	last    []string // its last copied key (text), nil: from the first row
 	done    bool
 	pending *chunk // selected, waiting for its watermark in the log
+	// recent: the transactions the change log delivered during the copy
+	// that a select may still not see (none below the last chunk's xmin).
+	recent map[uint32]bool
 }
 
 type chunk struct {
 	lsn     pglogrepl.LSN
 	records []source.Record
+	seen    visibility // the select's
+	// the cursor before the chunk, to select it again
+	fromTable int
+	fromKey   []string
+}
+
+// committed notes a transaction the change log delivered.
+func (s *snapshot) committed(xid uint32) {
+	if s.done && s.pending == nil {
+		return
+	}
+	if s.recent == nil {
+		s.recent = map[uint32]bool{}
+	}
+	s.recent[xid] = true
+}
+
+// visibility is a snapshot's (pg_current_snapshot()) with its xids cut to
+// the 32 bits the change log carries: a transaction is invisible to it if
+// it was in progress or had not begun.
+type visibility struct {
+	xmin, xmax uint32
+	xip        map[uint32]bool
+}
+
+// precedes compares 32-bit xids as PostgreSQL does (modulo 2^32).
+func precedes(a, b uint32) bool { return int32(a-b) < 0 }
+
+func parseVisibility(text string) (visibility, error) {
+	parts := strings.Split(text, ":")
+	if len(parts) != 3 {
+		return visibility{}, fmt.Errorf("snapshot %q: want xmin:xmax:xip", text)
+	}
+	xid := func(s string) (uint32, error) {
+		n, err := strconv.ParseUint(s, 10, 64)
+		return uint32(n), err
+	}
+	var v visibility
+	var err error
+	if v.xmin, err = xid(parts[0]); err != nil {
+		return v, fmt.Errorf("snapshot %q: %w", text, err)
+	}
+	if v.xmax, err = xid(parts[1]); err != nil {
+		return v, fmt.Errorf("snapshot %q: %w", text, err)
+	}
+	v.xip = map[uint32]bool{}
+	for _, f := range strings.Split(parts[2], ",") {
+		if f == "" {
+			continue
+		}
+		x, err := xid(f)
+		if err != nil {
+			return v, fmt.Errorf("snapshot %q: %w", text, err)
+		}
+		v.xip[x] = true
+	}
+	return v, nil
+}
+
+// missed lists the committed transactions of xids the snapshot did not see.
+func (v visibility) missed(xids map[uint32]bool) []uint32 {
+	var out []uint32
+	for x := range xids {
+		if v.xip[x] || !precedes(x, v.xmax) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // ensureProgressTable makes tabletflow.snapshot_chunks on a primary.
@@ -216,6 +306,9 @@ func (r *Reader) nextChunk(ctx context.Context, stream string, size int) error {
 	if err != nil {
 		return err
 	}
+	if snapshotHook != nil {
+		snapshotHook("watermark")
+	}
 	pool, err := r.rep.poolOf()
 	if err != nil {
 		return err
@@ -226,9 +319,18 @@ func (r *Reader) nextChunk(ctx context.Context, stream string, size int) error {
 		}
 	}
 	t := snap.tables[snap.ti]
-	recs, last, err := selectChunk(ctx, pool, t, snap.last, size)
+	tx, seen, err := seeing(ctx, pool, snap.recent)
 	if err != nil {
 		return fmt.Errorf("snapshot of %s on %s: %w", t.name, r.rep.cfg.Alias, err)
+	}
+	recs, last, err := selectChunk(ctx, tx, t, snap.last, size)
+	_ = tx.Rollback(ctx) // read only
+	if err != nil {
+		return fmt.Errorf("snapshot of %s on %s: %w", t.name, r.rep.cfg.Alias, err)
+	}
+	c := &chunk{lsn: low, records: recs, seen: seen, fromTable: snap.ti, fromKey: snap.last}
+	if snapshotHook != nil {
+		snapshotHook("selected")
 	}
 	for i := range recs {
 		recs[i].Tablet = r.sh.id
@@ -246,8 +348,49 @@ func (r *Reader) nextChunk(ctx context.Context, stream string, size int) error {
 		snap.ti, snap.last = snap.ti+1, nil
 	}
 	snap.done = allDone
-	snap.pending = &chunk{lsn: low, records: recs}
+	snap.pending = c
 	return nil
+}
+
+// seeing begins a read-only repeatable-read transaction whose snapshot sees
+// every transaction of xids (ones the change log delivered, so committed),
+// waiting for them to become visible. (A reader that restarted does not
+// know the ones its predecessor was delivered; PostgreSQL does not tell a
+// committed transaction that is not visible yet from a running one.)
+func seeing(ctx context.Context, pool *pgxpool.Pool, xids map[uint32]bool) (pgx.Tx, visibility, error) {
+	deadline := time.Now().Add(replayWait)
+	for {
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return nil, visibility{}, err
+		}
+		var text string
+		err = tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text)
+		var v visibility
+		if err == nil {
+			v, err = parseVisibility(text)
+		}
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return nil, v, err
+		}
+		missed := v.missed(xids)
+		if len(missed) == 0 {
+			return tx, v, nil
+		}
+		_ = tx.Rollback(ctx)
+		if snapshotHook != nil {
+			snapshotHook("waiting")
+		}
+		if time.Now().After(deadline) {
+			return nil, v, fmt.Errorf("transactions %v are in the change log but still invisible after %v (a commit waiting for a synchronous standby?)", missed, replayWait)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, v, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // waitReplayed waits until a standby has replayed lsn.
@@ -277,9 +420,7 @@ func waitReplayed(ctx context.Context, pool interface {
 // selectChunk reads up to size rows of t after the key last, in key order,
 // as Read records (values as the change log writes them), and returns the
 // last row's key.
-func selectChunk(ctx context.Context, pool interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, t snapTable, last []string, size int) ([]source.Record, []string, error) {
+func selectChunk(ctx context.Context, tx pgx.Tx, t snapTable, last []string, size int) ([]source.Record, []string, error) {
 	cols := make([]string, len(t.rel.Columns))
 	for i, c := range t.rel.Columns {
 		cols[i] = "t." + pgx.Identifier{c.Name}.Sanitize() + "::text"
@@ -301,7 +442,7 @@ func selectChunk(ctx context.Context, pool interface {
 		}
 	}
 	q += fmt.Sprintf(` ORDER BY %s LIMIT %d`, strings.Join(keyCols, ", "), size)
-	rows, err := pool.Query(ctx, q, args...)
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -340,32 +481,52 @@ func selectChunk(ctx context.Context, pool interface {
 	return out, append([]string(nil), lastKey...), rows.Err()
 }
 
+// handedOut is a chunk handed out: its watermark and last position.
+type handedOut struct {
+	lsn  pglogrepl.LSN
+	last source.Checkpoint
+}
+
 // delivered hands a chunk out when the log reaches its watermark: its rows
-// become a whole unit at positions (L+1, 1…n), remembered until acked.
+// become a whole unit at positions (L, 1…n), remembered until acked. A
+// chunk whose select missed a transaction the log delivered before L is
+// dropped, to be selected again once that one is visible.
 func (r *Reader) delivered(c *chunk) {
-	r.snap.pending = nil
-	r.unacked = append(r.unacked, c.lsn)
+	snap := r.snap
+	snap.pending = nil
+	if len(c.seen.missed(snap.recent)) > 0 {
+		snap.ti, snap.last, snap.done = c.fromTable, c.fromKey, false
+		return
+	}
+	for x := range snap.recent {
+		if precedes(x, c.seen.xmin) {
+			delete(snap.recent, x) // every later snapshot sees it
+		}
+	}
+	h := handedOut{lsn: c.lsn, last: source.Checkpoint{Term: uint64(c.lsn)}}
 	if len(c.records) == 0 {
-		r.idle = max(r.idle, c.lsn+1)
+		r.idle = max(r.idle, c.lsn)
+		r.unacked = append(r.unacked, h)
 		return
 	}
 	for i := range c.records {
-		c.records[i].Position = source.Checkpoint{Term: uint64(c.lsn) + 1, Index: uint64(i + 1)}
+		c.records[i].Position = source.Checkpoint{Term: uint64(c.lsn), Index: uint64(i + 1)}
 	}
-	r.ready = append(r.ready, whole{cp: c.records[len(c.records)-1].Position, records: c.records})
+	h.last = c.records[len(c.records)-1].Position
+	r.unacked = append(r.unacked, h)
+	r.ready = append(r.ready, whole{cp: h.last, records: c.records})
 }
 
-// ackChunks marks the chunks the sink now holds (watermark below lsn) as
-// acked on the primary, best effort: an unmarked chunk is copied again
-// after a crash.
-func (r *Reader) ackChunks(ctx context.Context, stream string, lsn pglogrepl.LSN) {
+// ackChunks marks the chunks the sink now holds (up to cp) as acked on the
+// primary, best effort: an unmarked chunk is copied again after a crash.
+func (r *Reader) ackChunks(ctx context.Context, stream string, cp source.Checkpoint) {
 	var done []string
 	keep := r.unacked[:0]
-	for _, l := range r.unacked {
-		if l < lsn {
-			done = append(done, l.String())
+	for _, h := range r.unacked {
+		if h.last.Compare(cp) <= 0 {
+			done = append(done, h.lsn.String())
 		} else {
-			keep = append(keep, l)
+			keep = append(keep, h)
 		}
 	}
 	if len(done) == 0 {
