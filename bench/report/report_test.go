@@ -316,3 +316,20 @@ func TestRunReadmeWithoutMarkers(t *testing.T) {
 		t.Errorf("README changed to %q", got)
 	}
 }
+
+// TestSummaryListsMissingResultFilesButNotTheOptionalExclusionRun: the
+// summary's list of result files names a missing one as such, except
+// reaction-exclude.json, which only a separate exclusion run writes.
+func TestSummaryListsMissingResultFilesButNotTheOptionalExclusionRun(t *testing.T) {
+	r, err := loadResults(filepath.Join("testdata", "partial"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, s, _ := strings.Cut(summaryMarkdown(r, goals(r)), "Result files")
+	if !strings.Contains(s, "- `soak.json`: not found") {
+		t.Errorf("a missing soak.json is not listed:\n%s", s)
+	}
+	if strings.Contains(s, reactionExcludeFile) {
+		t.Errorf("the optional %s is listed:\n%s", reactionExcludeFile, s)
+	}
+}
