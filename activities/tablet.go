@@ -270,10 +270,13 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	// The run reads until runDeadline; on a fallback replica it looks for
 	// a preferred one again at deadline, FallbackRun after it got there.
 	runDeadline := a.now().Add(in.RunFor.D())
-	deadline := runDeadline
-	if end := a.now().Add(FallbackRun); onFallback && end.Before(deadline) {
-		deadline = end
+	deadlineOn := func(fallback bool) time.Time {
+		if end := a.now().Add(FallbackRun); fallback && end.Before(runDeadline) {
+			return end
+		}
+		return runDeadline
 	}
+	deadline := deadlineOn(onFallback)
 	runEnds := time.NewTimer(deadline.Sub(a.now()))
 	defer runEnds.Stop()
 	recheck := time.NewTicker(a.recheckEvery())
@@ -358,10 +361,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		}
 		log.Info("moved to another replica in place", zap.String("to", next.Replica.Alias), zap.Bool("fallback", next.Fallback))
 		cur, replica, log, res.Switched, slotRead, onFallback = r, next.Replica, nlog, &next, time.Time{}, next.Fallback
-		deadline = runDeadline
-		if end := a.now().Add(FallbackRun); next.Fallback && end.Before(deadline) {
-			deadline = end
-		}
+		deadline = deadlineOn(next.Fallback)
 		runEnds.Reset(deadline.Sub(a.now()))
 		beat.set(progress(""))
 		sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next})
