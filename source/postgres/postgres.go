@@ -485,9 +485,11 @@ func (s *Source) DeleteStream(ctx context.Context, stream string) error {
 		if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{PublicationName(stream)}.Sanitize()); err != nil {
 			return fmt.Errorf("drop publication on %s: %w", s.primary(sh).cfg.Alias, err)
 		}
-		_, err = pool.Exec(ctx, `DELETE FROM `+progressTable+` WHERE stream = $1 AND shard = $2`, stream, sh.id)
-		if err != nil && !isCode(err, "42P01") && !isCode(err, "3F000") { // no snapshot ever ran there
-			return fmt.Errorf("drop snapshot progress on %s: %w", s.primary(sh).cfg.Alias, err)
+		for _, table := range []string{progressTable, deliveredTable} {
+			_, err = pool.Exec(ctx, `DELETE FROM `+table+` WHERE stream = $1 AND shard = $2`, stream, sh.id)
+			if err != nil && !isCode(err, "42P01") && !isCode(err, "3F000") { // no snapshot ever ran there
+				return fmt.Errorf("drop snapshot progress on %s: %w", s.primary(sh).cfg.Alias, err)
+			}
 		}
 	}
 	return nil

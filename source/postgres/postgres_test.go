@@ -498,7 +498,9 @@ func hangingCommit(t *testing.T, p *pgbed.Node, sql string) (release func(), don
 		return ev != nil && *ev == "SyncRep"
 	}, 30*time.Second, 20*time.Millisecond, "the commit waits for the synchronous standby")
 	var once sync.Once
-	return func() { once.Do(func() { _ = p.Exec(ctx, `SELECT pg_cancel_backend($1)`, pid) }) }, ch
+	release = func() { once.Do(func() { _ = p.Exec(context.Background(), `SELECT pg_cancel_backend($1)`, pid) }) }
+	t.Cleanup(release) // before the bed stops: a server waits for such a session at shutdown
+	return release, ch
 }
 
 // A transaction whose commit is in the WAL before a chunk's watermark but
@@ -529,4 +531,74 @@ func TestAChunkNeverHoldsRowsOlderThanAChangeBeforeItsWatermark(t *testing.T) {
 	got, err := pgbed.ReplaySnapshot(all)
 	require.NoError(t, err)
 	require.Equal(t, want, got, "no chunk overwrote the update with an older copy: %v", all)
+}
+
+// The same across a restart: a reader was delivered the invisible commit
+// (it came after its chunk's watermark), handed it out and died; the next
+// reader does not get that commit from its log, yet must not select a
+// chunk that misses it.
+func TestAChunkAfterARestartWaitsForACommitTheLogAlreadyDelivered(t *testing.T) {
+	const stream = "vis2"
+	b, start := snapshotBed(t, stream, 4)
+	ctx := ctxT(t, time.Minute)
+	p := b.c.Shards[0].Primary
+	primary := b.cfg.Shards[0].Replicas[0].Alias
+	a := b.reader(t, primary)
+	first, cp := getAcked(t, a, stream, start, 3) // items 1…3
+	require.Len(t, first, 3)
+
+	// Right after the next chunk's select (item 4), an update of an order
+	// (copied later) commits and stays invisible. It is released once the
+	// second reader waits for it, or else (no wait: the fault) once that
+	// reader has selected its second chunk, the orders.
+	var release func()
+	var committed <-chan error
+	var mu sync.Mutex
+	selects, restarted := 0, 0
+	defer postgres.SetSnapshotHook(func(step string) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case step == "waiting" && restarted > 0:
+			release()
+		case step == "selected" && restarted > 0:
+			if restarted++; restarted == 3 {
+				release()
+			}
+		case step == "selected":
+			if selects++; selects == 1 {
+				release, committed = hangingCommit(t, p, `UPDATE public.orders SET amount = 99 WHERE id = 1`)
+			}
+		}
+	})()
+	// One record per batch: item 4, then the update (before the next
+	// chunk, of no rows, is delivered); the reader dies.
+	second, cp := getAcked(t, a, stream, cp, 1)
+	require.Equal(t, source.Read, second[0].Op)
+	third, cp := getAcked(t, a, stream, cp, 1)
+	require.Equal(t, source.Update, third[0].Op)
+	got := slices.Concat(second, third)
+	require.NoError(t, a.Close())
+	mu.Lock()
+	restarted = 1
+	mu.Unlock()
+	rest, _ := read(t, b.reader(t, primary), stream, cp, -1)
+	require.NoError(t, <-committed)
+	want, err := p.TextTables(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "99", want["public.orders"][`{"id":1}`]["amount"])
+	all := slices.Concat(first, got, rest)
+	replayed, err := pgbed.ReplaySnapshot(all)
+	require.NoError(t, err)
+	require.Equal(t, want, replayed, "no chunk overwrote the update with an older copy: %v", all)
+
+	// Deleting the stream deletes what the copy kept on the primary.
+	rows := func() (n int) {
+		require.NoError(t, p.QueryRow(ctx, `SELECT (SELECT count(*) FROM tabletflow.snapshot_chunks WHERE stream = $1)
+			+ (SELECT count(*) FROM tabletflow.snapshot_delivered WHERE stream = $1)`, stream).Scan(&n))
+		return n
+	}
+	require.Positive(t, rows())
+	require.NoError(t, b.src.DeleteStream(ctx, stream))
+	require.Zero(t, rows())
 }

@@ -147,6 +147,12 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 		r.src.heartbeat(ctx, r.sh)
 	}
 	b.CaughtUp = len(r.ready) == 0 && n < req.MaxRecords
+	if n > 0 && r.snap != nil && r.snap.unsaved {
+		if err := r.saveDelivered(ctx, req.Stream); err != nil {
+			r.Close()
+			return source.Batch{}, err
+		}
+	}
 	r.pos = b.Checkpoint
 	if time.Since(r.lastStatus) > statusEvery {
 		if err := r.sendStatus(); err != nil {

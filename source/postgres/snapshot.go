@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,11 @@ import (
 //     after the chunk);
 //  5. once the sink committed them (the Ack), it marks the chunk acked.
 //
+// The transactions of step 2 are kept on the primary too (in
+// tabletflow.snapshot_delivered, before a batch that holds them is handed
+// out): a reader that resumes after them does not get them from the log
+// again, yet its selects must wait for them.
+//
 // Changes between L and the moment of the select are then applied on top
 // of rows that already hold them; inserts, updates and deletes set a row's
 // values, so applying them again leaves the same rows. After a crash the
@@ -59,6 +65,10 @@ const snapshotPrefix = "tabletflow.snapshot"
 
 // progressTable keeps the chunks' cursors on each shard's primary.
 const progressTable = "tabletflow.snapshot_chunks"
+
+// deliveredTable keeps, per (stream, shard), the transactions the change
+// log delivered during the copy that a later select may not see yet.
+const deliveredTable = "tabletflow.snapshot_delivered"
 
 // replayWait bounds waiting for a standby to replay a watermark.
 const replayWait = 30 * time.Second
@@ -80,8 +90,10 @@ type snapshot struct {
 	done    bool
 	pending *chunk // selected, waiting for its watermark in the log
 	// recent: the transactions the change log delivered during the copy
-	// that a select may still not see (none below the last chunk's xmin).
-	recent map[uint32]bool
+	// that a select may still not see (none below the last chunk's xmin);
+	// unsaved: some are not in deliveredTable yet.
+	recent  map[uint32]bool
+	unsaved bool
 }
 
 type chunk struct {
@@ -101,7 +113,9 @@ func (s *snapshot) committed(xid uint32) {
 	if s.recent == nil {
 		s.recent = map[uint32]bool{}
 	}
-	s.recent[xid] = true
+	if !s.recent[xid] {
+		s.recent[xid], s.unsaved = true, true
+	}
 }
 
 // visibility is a snapshot's (pg_current_snapshot()) with its xids cut to
@@ -170,6 +184,9 @@ func ensureProgressTable(ctx context.Context, r *replica) error {
 			tbl text NOT NULL, last_key text[], table_done bool NOT NULL, all_done bool NOT NULL,
 			acked bool NOT NULL DEFAULT false,
 			PRIMARY KEY (stream, shard, low_lsn))`,
+		`CREATE TABLE IF NOT EXISTS ` + deliveredTable + ` (
+			stream text NOT NULL, shard text NOT NULL, xids bigint[] NOT NULL,
+			PRIMARY KEY (stream, shard))`,
 	} {
 		if _, err := pool.Exec(ctx, q); err != nil && !isCode(err, "23505") && !isCode(err, "42P06") && !isCode(err, "42P07") {
 			return fmt.Errorf("snapshot progress table on %s: %w", r.cfg.Alias, err)
@@ -217,7 +234,51 @@ func (r *Reader) openSnapshot(ctx context.Context, stream string) (*snapshot, er
 		}
 	}
 	snap.done = snap.ti >= len(snap.tables)
+	var xids []int64
+	err = prim.QueryRow(ctx, `SELECT xids FROM `+deliveredTable+` WHERE stream = $1 AND shard = $2`, stream, r.sh.id).Scan(&xids)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) && !isCode(err, "42P01") { // 42P01: a stream older than the table
+		return nil, fmt.Errorf("snapshot: transactions delivered on shard %s: %w", r.sh.id, err)
+	}
+	for _, x := range xids {
+		snap.committed(uint32(x))
+	}
+	snap.unsaved = false
 	return snap, nil
+}
+
+// saveDelivered records the transactions the change log delivered during
+// the copy that a later select may not see yet, before a batch that holds
+// them is handed out: a reader that resumes after that batch does not get
+// them from the log again, yet its selects must wait until they are
+// visible (a commit waiting for a synchronous standby may still not be).
+func (r *Reader) saveDelivered(ctx context.Context, stream string) error {
+	snap := r.snap
+	xids := make([]int64, 0, len(snap.recent))
+	for x := range snap.recent {
+		xids = append(xids, int64(x))
+	}
+	slices.Sort(xids)
+	prim := r.src.primary(r.sh)
+	pool, err := prim.poolOf()
+	if err != nil {
+		return err
+	}
+	save := func() error {
+		_, err := pool.Exec(ctx, `INSERT INTO `+deliveredTable+` (stream, shard, xids) VALUES ($1, $2, $3)
+			ON CONFLICT (stream, shard) DO UPDATE SET xids = EXCLUDED.xids`, stream, r.sh.id, xids)
+		return err
+	}
+	err = save()
+	if isCode(err, "42P01") { // a stream older than the table
+		if err = ensureProgressTable(ctx, prim); err == nil {
+			err = save()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("snapshot: record the transactions delivered on %s: %w", prim.cfg.Alias, err)
+	}
+	snap.unsaved = false
+	return nil
 }
 
 // snapTables lists the stream's published tables with their columns, as
@@ -354,8 +415,7 @@ func (r *Reader) nextChunk(ctx context.Context, stream string, size int) error {
 
 // seeing begins a read-only repeatable-read transaction whose snapshot sees
 // every transaction of xids (ones the change log delivered, so committed),
-// waiting for them to become visible. (A reader that restarted does not
-// know the ones its predecessor was delivered; PostgreSQL does not tell a
+// waiting for them to become visible. (PostgreSQL itself does not tell a
 // committed transaction that is not visible yet from a running one.)
 func seeing(ctx context.Context, pool *pgxpool.Pool, xids map[uint32]bool) (pgx.Tx, visibility, error) {
 	deadline := time.Now().Add(replayWait)
