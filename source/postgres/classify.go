@@ -26,6 +26,10 @@ var (
 	// PostgreSQL would silently skip to it, so the replica cannot serve
 	// this checkpoint (the analogue of Vitess's GTIDSet mismatch).
 	errSlotAhead = errors.New("replication slot is ahead of the checkpoint")
+	// errNotVisible: a snapshot chunk's select waited in vain for commits
+	// the change log had delivered to become visible (one waiting for a
+	// synchronous standby); not the replica's fault.
+	errNotVisible = errors.New("delivered commits still invisible to the snapshot's select")
 	// errExpired: no replica of the shard can serve the checkpoint.
 	errExpired = errors.New("no replica of the shard can serve the checkpoint")
 	// errNoDSN: a replica's DSN variable is not set in the worker.
@@ -45,6 +49,7 @@ var (
 //	55000 "logical decoding on standby requires", 0A000 → RetryElsewhere NOT_CONFIGURED
 //	53300, 53400 (connections, wal senders, slots) → RetryElsewhere NO_CAPACITY
 //	no replica can serve the checkpoint          → Expired
+//	delivered commits still invisible to a snapshot select → RetrySame COMMIT_NOT_VISIBLE
 //	55006 slot active, 57P01-57P03, class 08, connection and
 //	network errors, timeouts, other 40001/55000  → RetrySame
 //	42704 publication, 28000, 28P01, 42501, a DSN variable not set,
@@ -64,6 +69,8 @@ func Classify(err error) source.Classification {
 		return c(source.RetryElsewhere, "SLOT_MISSING")
 	case errors.Is(err, errSlotInvalidated):
 		return c(source.RetryElsewhere, "SLOT_INVALIDATED")
+	case errors.Is(err, errNotVisible):
+		return c(source.RetrySame, "COMMIT_NOT_VISIBLE")
 	case errors.Is(err, errNoDSN):
 		return c(source.Fatal, "NO_DSN")
 	case errors.Is(err, source.ErrBadCheckpoint):

@@ -28,6 +28,7 @@ func TestClassifyBySQLStateAndTypedErrors(t *testing.T) {
 		{"slot missing (ours)", errSlotMissing, source.RetryElsewhere, "SLOT_MISSING"},
 		{"slot invalidated (ours)", errSlotInvalidated, source.RetryElsewhere, "SLOT_INVALIDATED"},
 		{"no replica can serve", fmt.Errorf("%w at 0/1: %w", errExpired, errSlotAhead), source.Expired, "HISTORY_GONE"},
+		{"snapshot select waited in vain", fmt.Errorf("snapshot of public.items on zone1-s1p: %w: transactions [761]", errNotVisible), source.RetrySame, "COMMIT_NOT_VISIBLE"},
 		{"DSN variable not set", fmt.Errorf("x: %w", errNoDSN), source.Fatal, "NO_DSN"},
 		{"bad checkpoint", source.ErrBadCheckpoint, source.Fatal, "BAD_CHECKPOINT"},
 		{"unknown replica", source.ErrUnknownReplica, source.Fatal, "UNKNOWN_REPLICA"},

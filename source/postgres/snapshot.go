@@ -443,7 +443,7 @@ func seeing(ctx context.Context, pool *pgxpool.Pool, xids map[uint32]bool) (pgx.
 			snapshotHook("waiting")
 		}
 		if time.Now().After(deadline) {
-			return nil, v, fmt.Errorf("transactions %v are in the change log but still invisible after %v (a commit waiting for a synchronous standby?)", missed, replayWait)
+			return nil, v, fmt.Errorf("%w: transactions %v, after %v (a commit waiting for a synchronous standby?)", errNotVisible, missed, replayWait)
 		}
 		select {
 		case <-ctx.Done():
