@@ -370,22 +370,6 @@ func tablet(st workflows.StreamStatus, id string) workflows.TabletStatus {
 	return workflows.TabletStatus{}
 }
 
-// readers returns the tablets whose last GetChanges the replica served,
-// by tabletd's account.
-func (b *bed) readers(id, alias string) ([]string, error) {
-	s, err := b.topo.DescribeStream(context.Background(), &sourcepb.DescribeStreamRequest{Stream: id})
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, t := range s.Tablets {
-		if t.LastReplica == alias {
-			out = append(out, t.Tablet)
-		}
-	}
-	return out, nil
-}
-
 // moved waits until another replica has served each of the tablets, by
 // tabletd's account (the replica that served each tablet's last
 // GetChanges): data flows from elsewhere.
@@ -426,17 +410,31 @@ type straggler struct {
 	LeftS  float64 `json:"left_s"`
 }
 
-// busiest returns the replica most tablets read, and how many.
-func busiest(st workflows.StreamStatus) (string, int) {
-	n := map[string]int{}
-	best := ""
-	for _, t := range st.Tablets {
-		n[t.Replica]++
-		if best == "" || n[t.Replica] > n[best] {
-			best = t.Replica
+// busiest returns the replica that served the most tablets' last reads,
+// by tabletd's account, and those tablets, waiting until there is one. (The
+// stream's status could name a replica no tablet read any more, and such a
+// trial moved nothing and counted a sample of a tenth of a second.)
+func (b *bed) busiest(id string) (alias string, on []string, err error) {
+	err = b.until(time.Minute, "a replica serving tablets", func() bool {
+		s, err := b.topo.DescribeStream(context.Background(), &sourcepb.DescribeStreamRequest{Stream: id})
+		if err != nil {
+			return false
 		}
-	}
-	return best, n[best]
+		by := map[string][]string{}
+		for _, t := range s.Tablets {
+			if t.LastReplica != "" {
+				by[t.LastReplica] = append(by[t.LastReplica], t.Tablet)
+			}
+		}
+		alias, on = "", nil
+		for a, ts := range by {
+			if len(ts) > len(on) || len(ts) == len(on) && a < alias {
+				alias, on = a, ts
+			}
+		}
+		return len(on) > 0
+	})
+	return alias, on, err
 }
 
 // exclude: an operator's exclude signal; time until every tablet on the
@@ -455,12 +453,10 @@ func exclude(c client.Client, dir string, tablets, repeats int) (map[string]any,
 	var split []stages
 	moved := 0
 	for range repeats {
-		st, err := b.streaming(name, tablets)
-		if err != nil {
+		if _, err := b.streaming(name, tablets); err != nil {
 			return nil, err
 		}
-		alias, _ := busiest(st)
-		on, err := b.readers(name, alias)
+		alias, on, err := b.busiest(name)
 		if err != nil {
 			return nil, err
 		}
@@ -475,8 +471,10 @@ func exclude(c client.Client, dir string, tablets, repeats int) (map[string]any,
 			return nil, err
 		}
 		took = append(took, time.Since(t0))
+		read := time.Now()
 		sg := b.stagesOf(name, on, t0)
 		sg.Last = last
+		sg.ReadS = round(time.Since(read).Seconds())
 		split = append(split, sg)
 		if err := c.SignalWorkflow(context.Background(), name, "", workflows.CmdInclude,
 			json.RawMessage(fmt.Sprintf(`{"aliases": [%q]}`, alias))); err != nil {
@@ -500,12 +498,10 @@ func down(c client.Client, dir string, repeats int) (summary, error) {
 	}
 	var took []time.Duration
 	for range repeats {
-		st, err := b.streaming("down", 8)
-		if err != nil {
+		if _, err := b.streaming("down", 8); err != nil {
 			return summary{}, err
 		}
-		alias, _ := busiest(st)
-		on, err := b.readers("down", alias)
+		alias, on, err := b.busiest("down")
 		if err != nil {
 			return summary{}, err
 		}
