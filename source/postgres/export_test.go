@@ -12,7 +12,9 @@ func SetAdvanceEvery(d time.Duration) (restore func()) {
 
 // SetSnapshotHook calls f at each step of a snapshot chunk ("watermark":
 // right after its watermark is written, before its rows are selected;
-// "selected": after), until the returned function removes it.
+// "waiting": its select waits for a commit; "selected": after) and before
+// EnsureStream records a new stream ("meta"), until the returned function
+// removes it.
 func SetSnapshotHook(f func(step string)) (restore func()) {
 	snapshotHook = f
 	return func() { snapshotHook = nil }

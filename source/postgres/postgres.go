@@ -298,6 +298,9 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 			return streamMeta{}, err
 		}
 	}
+	if snapshotHook != nil {
+		snapshotHook("meta")
+	}
 	b, _ := json.Marshal(m)
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
 		return streamMeta{}, fmt.Errorf("record the stream's start on %s: %w", prim.cfg.Alias, err)

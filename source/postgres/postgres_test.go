@@ -602,3 +602,29 @@ func TestAChunkAfterARestartWaitsForACommitTheLogAlreadyDelivered(t *testing.T) 
 	require.NoError(t, b.src.DeleteStream(ctx, stream))
 	require.Zero(t, rows())
 }
+
+// A reader on a standby that has not replayed the stream's record yet (the
+// primary writes it last, after every slot) still copies the snapshot: it
+// asks the primary whether the stream begins with one.
+func TestASnapshotIsCopiedByAStandbyThatHasNotReplayedTheStreamsRecord(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx := ctxT(t, 2*time.Minute)
+	p, sb := b.c.Shards[0].Primary, b.c.Shards[0].Standbys[0]
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items SELECT g, g, 'sku' || g, 1, 'b' FROM generate_series(1, 5) g`))
+	require.NoError(t, b.c.WaitReplayed(ctx))
+	const stream = "lag"
+	restore := postgres.SetSnapshotHook(func(step string) {
+		if step == "meta" { // every slot made: the standby stops replaying
+			require.NoError(t, sb.Exec(ctx, `SELECT pg_wal_replay_pause()`))
+		}
+	})
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables, StartFrom: source.StartSnapshot})
+	restore()
+	require.NoError(t, err)
+	// Replay resumes once the reader has started (its copy waits for it).
+	resumed := time.AfterFunc(time.Second, func() { _ = sb.Exec(context.Background(), `SELECT pg_wal_replay_resume()`) })
+	defer resumed.Stop()
+	all, _ := read(t, b.reader(t, b.cfg.Shards[0].Replicas[1].Alias), stream, st.Start["s1"], -1)
+	reads := slices.DeleteFunc(slices.Clone(all), func(r source.Record) bool { return r.Op != source.Read })
+	require.Len(t, reads, 5, "the rows are copied: %v", all)
+}

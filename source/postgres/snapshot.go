@@ -57,7 +57,8 @@ import (
 // snapshotHook, if set (by tests), runs at each step of a chunk: right
 // after its watermark is written ("watermark"), while its select waits for
 // a commit to become visible ("waiting"), and after its select
-// ("selected").
+// ("selected"); and when EnsureStream is about to record a new stream on
+// the primary ("meta").
 var snapshotHook func(step string)
 
 // snapshotPrefix marks the watermark messages.
@@ -200,6 +201,12 @@ func ensureProgressTable(ctx context.Context, r *replica) error {
 // complete.
 func (r *Reader) openSnapshot(ctx context.Context, stream string) (*snapshot, error) {
 	meta, _, err := r.rep.readMeta(ctx, stream)
+	if prim := r.src.primary(r.sh); err == nil && meta.Start == 0 && r.rep != prim {
+		// A standby that has not replayed the stream's record yet (the
+		// primary writes it last) cannot tell whether the stream begins
+		// with a copy; read as if not, it would skip the copy for good.
+		meta, _, err = prim.readMeta(ctx, stream)
+	}
 	if err != nil || !meta.Snapshot {
 		return nil, err
 	}
