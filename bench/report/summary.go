@@ -26,8 +26,6 @@ func fileLines(r *results) string {
 	for _, name := range r.sortedNames() {
 		f := r.Files[name]
 		switch {
-		case f.missing() && name == reactionExcludeFile:
-			continue // optional: only a separate exclusion run writes it
 		case f.missing():
 			fmt.Fprintf(&b, "- `%s`: not found\n", name)
 			continue
