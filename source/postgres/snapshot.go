@@ -425,36 +425,53 @@ func (r *Reader) nextChunk(ctx context.Context, stream string, size int) error {
 // waiting for them to become visible. (PostgreSQL itself does not tell a
 // committed transaction that is not visible yet from a running one.)
 func seeing(ctx context.Context, pool *pgxpool.Pool, xids map[uint32]bool) (pgx.Tx, visibility, error) {
-	deadline := time.Now().Add(replayWait)
-	for {
-		tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-		if err != nil {
-			return nil, visibility{}, err
+	var tx pgx.Tx
+	var v visibility
+	var missed []uint32
+	ok, err := retryFor(ctx, replayWait, func() (bool, error) {
+		var err error
+		if tx, err = pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}); err != nil {
+			return false, err
 		}
 		var text string
 		err = tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text)
-		var v visibility
 		if err == nil {
 			v, err = parseVisibility(text)
 		}
-		if err != nil {
-			_ = tx.Rollback(ctx)
-			return nil, v, err
-		}
-		missed := v.missed(xids)
-		if len(missed) == 0 {
-			return tx, v, nil
+		if err == nil {
+			if missed = v.missed(xids); len(missed) == 0 {
+				return true, nil
+			}
+			if snapshotHook != nil {
+				snapshotHook("waiting")
+			}
 		}
 		_ = tx.Rollback(ctx)
-		if snapshotHook != nil {
-			snapshotHook("waiting")
+		return false, err
+	})
+	switch {
+	case err != nil:
+		return nil, v, err
+	case !ok:
+		return nil, v, fmt.Errorf("%w: transactions %v, after %v (a commit waiting for a synchronous standby?)", errNotVisible, missed, replayWait)
+	}
+	return tx, v, nil
+}
+
+// retryFor calls try every 10 ms until it is done, fails or ctx ends (its
+// error), or within has passed (ok false).
+func retryFor(ctx context.Context, within time.Duration, try func() (done bool, err error)) (ok bool, err error) {
+	deadline := time.Now().Add(within)
+	for {
+		if done, err := try(); done || err != nil {
+			return done, err
 		}
 		if time.Now().After(deadline) {
-			return nil, v, fmt.Errorf("%w: transactions %v, after %v (a commit waiting for a synchronous standby?)", errNotVisible, missed, replayWait)
+			return false, nil
 		}
 		select {
 		case <-ctx.Done():
-			return nil, v, ctx.Err()
+			return false, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -464,24 +481,14 @@ func seeing(ctx context.Context, pool *pgxpool.Pool, xids map[uint32]bool) (pgx.
 func waitReplayed(ctx context.Context, pool interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, lsn pglogrepl.LSN) error {
-	deadline := time.Now().Add(replayWait)
-	for {
-		var ok bool
-		if err := pool.QueryRow(ctx, `SELECT COALESCE(pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`, lsn.String()).Scan(&ok); err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the standby did not replay %s within %v", lsn, replayWait)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
+	ok, err := retryFor(ctx, replayWait, func() (replayed bool, err error) {
+		err = pool.QueryRow(ctx, `SELECT COALESCE(pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`, lsn.String()).Scan(&replayed)
+		return replayed, err
+	})
+	if err == nil && !ok {
+		err = fmt.Errorf("the standby did not replay %s within %v", lsn, replayWait)
 	}
+	return err
 }
 
 // selectChunk reads up to size rows of t after the key last, in key order,
