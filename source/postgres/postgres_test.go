@@ -401,16 +401,30 @@ func TestSnapshotCopiesExistingRowsConsistentlyAcrossACrash(t *testing.T) {
 
 // snapshotBed is a one-shard bed (primary only) whose tables hold rows
 // before a snapshot stream starts: items 1…items, orders 1…2.
-func snapshotBed(t *testing.T, stream string, items int) (*bed, source.Checkpoint) {
+func snapshotBed(t *testing.T, stream string, items int) (b *bed, primary *pgbed.Node, start source.Checkpoint) {
 	t.Helper()
-	b := newBed(t, pgbed.Options{Shards: 1})
+	b = newBed(t, pgbed.Options{Shards: 1})
 	ctx := ctxT(t, time.Minute)
 	p := b.c.Shards[0].Primary
 	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items SELECT g, g, 'sku' || g, 1, 'b' FROM generate_series(1, $1::int) g`, items))
 	require.NoError(t, p.Exec(ctx, `INSERT INTO public.orders SELECT g, 'c' || g, g, NULL, now() FROM generate_series(1, 2) g`))
 	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables, StartFrom: source.StartSnapshot})
 	require.NoError(t, err)
-	return b, st.Start["s1"]
+	return b, p, st.Start["s1"]
+}
+
+// primaryReader opens a reader on shard s1's primary.
+func (b *bed) primaryReader(t *testing.T) *postgres.Reader {
+	return b.reader(t, b.cfg.Shards[0].Replicas[0].Alias)
+}
+
+// firstChunk has rd read a snapshot stream's first chunk (items 1…3), and
+// acks it.
+func firstChunk(t *testing.T, rd *postgres.Reader, stream string, start source.Checkpoint) ([]source.Record, source.Checkpoint) {
+	t.Helper()
+	first, cp := getAcked(t, rd, stream, start, 3)
+	require.Len(t, first, 3)
+	return first, cp
 }
 
 // getAcked asks rd for up to max records after from and acks the batch.
@@ -429,12 +443,9 @@ func getAcked(t *testing.T, rd *postgres.Reader, stream string, from source.Chec
 // record that starts where the watermark ends.
 func TestAChangeCommittedRightAfterAChunksWatermarkSurvivesARestart(t *testing.T) {
 	const stream = "wm"
-	b, start := snapshotBed(t, stream, 6)
+	b, p, start := snapshotBed(t, stream, 6)
 	ctx := ctxT(t, time.Minute)
-	p := b.c.Shards[0].Primary
-	primary := b.cfg.Shards[0].Replicas[0].Alias
-	first, cp := getAcked(t, b.reader(t, primary), stream, start, 3) // items 1…3
-	require.Len(t, first, 3)
+	first, cp := firstChunk(t, b.primaryReader(t), stream, start)
 
 	// An update of a row already copied, written now and committed right
 	// after the next chunk's watermark.
@@ -451,14 +462,14 @@ func TestAChangeCommittedRightAfterAChunksWatermarkSurvivesARestart(t *testing.T
 			require.NoError(t, err)
 		}
 	})()
-	rd := b.reader(t, primary)
+	rd := b.primaryReader(t)
 	chunk, cp := getAcked(t, rd, stream, cp, 3) // items 4…6, alone in its batch
 	require.True(t, committed)
 	require.Len(t, chunk, 3)
 	require.Equal(t, source.Read, chunk[0].Op)
 	require.NoError(t, rd.Close()) // the reader dies; another resumes from the chunk
 
-	rest, _ := read(t, b.reader(t, primary), stream, cp, -1)
+	rest, _ := read(t, b.primaryReader(t), stream, cp, -1)
 	all := slices.Concat(first, chunk, rest)
 	want, err := p.TextTables(ctx)
 	require.NoError(t, err)
@@ -510,20 +521,25 @@ func hangingCommit(t *testing.T, p *pgbed.Node, sql string) (release func(), don
 // chunk's older copy of its rows: the chunk waits until it is visible.
 func TestAChunkNeverHoldsRowsOlderThanAChangeBeforeItsWatermark(t *testing.T) {
 	const stream = "vis"
-	b, start := snapshotBed(t, stream, 6)
+	b, p, start := snapshotBed(t, stream, 6)
 	ctx := ctxT(t, time.Minute)
-	p := b.c.Shards[0].Primary
 	release, committed := hangingCommit(t, p, `UPDATE public.items SET qty = 99 WHERE id = 1`)
 	var qty int
 	require.NoError(t, p.QueryRow(ctx, `SELECT qty FROM public.items WHERE id = 1`).Scan(&qty))
 	require.Equal(t, 1, qty, "the update is not visible yet")
 
-	// Released a moment after the reader's first chunk's select.
-	var once sync.Once
-	defer postgres.SetSnapshotHook(func(string) {
-		once.Do(func() { time.AfterFunc(200*time.Millisecond, release) })
+	// Released once a select waits for it, or else (no wait: the fault)
+	// after the second select, so that the first missed it.
+	selects := 0
+	defer postgres.SetSnapshotHook(func(step string) {
+		if step == "selected" {
+			selects++
+		}
+		if step == "waiting" || selects == 2 {
+			release()
+		}
 	})()
-	all, _ := read(t, b.reader(t, b.cfg.Shards[0].Replicas[0].Alias), stream, start, -1)
+	all, _ := read(t, b.primaryReader(t), stream, start, -1)
 	require.NoError(t, <-committed, "the commit was released from its wait")
 	want, err := p.TextTables(ctx)
 	require.NoError(t, err)
@@ -539,13 +555,10 @@ func TestAChunkNeverHoldsRowsOlderThanAChangeBeforeItsWatermark(t *testing.T) {
 // chunk that misses it.
 func TestAChunkAfterARestartWaitsForACommitTheLogAlreadyDelivered(t *testing.T) {
 	const stream = "vis2"
-	b, start := snapshotBed(t, stream, 4)
+	b, p, start := snapshotBed(t, stream, 4)
 	ctx := ctxT(t, time.Minute)
-	p := b.c.Shards[0].Primary
-	primary := b.cfg.Shards[0].Replicas[0].Alias
-	a := b.reader(t, primary)
-	first, cp := getAcked(t, a, stream, start, 3) // items 1…3
-	require.Len(t, first, 3)
+	a := b.primaryReader(t)
+	first, cp := firstChunk(t, a, stream, start)
 
 	// Right after the next chunk's select (item 4), an update of an order
 	// (copied later) commits and stays invisible. It is released once the
@@ -582,7 +595,7 @@ func TestAChunkAfterARestartWaitsForACommitTheLogAlreadyDelivered(t *testing.T) 
 	mu.Lock()
 	restarted = 1
 	mu.Unlock()
-	rest, _ := read(t, b.reader(t, primary), stream, cp, -1)
+	rest, _ := read(t, b.primaryReader(t), stream, cp, -1)
 	require.NoError(t, <-committed)
 	want, err := p.TextTables(ctx)
 	require.NoError(t, err)
@@ -613,17 +626,18 @@ func TestASnapshotIsCopiedByAStandbyThatHasNotReplayedTheStreamsRecord(t *testin
 	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items SELECT g, g, 'sku' || g, 1, 'b' FROM generate_series(1, 5) g`))
 	require.NoError(t, b.c.WaitReplayed(ctx))
 	const stream = "lag"
-	restore := postgres.SetSnapshotHook(func(step string) {
-		if step == "meta" { // every slot made: the standby stops replaying
+	resume := func() { _ = sb.Exec(context.Background(), `SELECT pg_wal_replay_resume()`) }
+	t.Cleanup(resume)
+	defer postgres.SetSnapshotHook(func(step string) {
+		switch step {
+		case "meta": // every slot made: the standby stops replaying
 			require.NoError(t, sb.Exec(ctx, `SELECT pg_wal_replay_pause()`))
+		case "watermark": // the reader started and copies (it waits for the replay)
+			resume()
 		}
-	})
+	})()
 	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables, StartFrom: source.StartSnapshot})
-	restore()
 	require.NoError(t, err)
-	// Replay resumes once the reader has started (its copy waits for it).
-	resumed := time.AfterFunc(time.Second, func() { _ = sb.Exec(context.Background(), `SELECT pg_wal_replay_resume()`) })
-	defer resumed.Stop()
 	all, _ := read(t, b.reader(t, b.cfg.Shards[0].Replicas[1].Alias), stream, st.Start["s1"], -1)
 	reads := slices.DeleteFunc(slices.Clone(all), func(r source.Record) bool { return r.Op != source.Read })
 	require.Len(t, reads, 5, "the rows are copied: %v", all)
