@@ -64,8 +64,14 @@ const pollSlack = commitTimeout
 func (p *poller) loop(ctx context.Context, now func() time.Time) {
 	defer close(p.done)
 	req := p.req
+	// drained is where the last backlog ended (zero before the first): the
+	// acknowledgement that reaches it goes out at once, not up to ackEvery
+	// later, so the source hears without delay that the tablet caught up.
+	// A trickle never fills a read, so its acknowledgements keep the pace.
+	var drained source.Checkpoint
+	backlog := false
 	for {
-		p.sendAck(ctx, false)
+		p.sendAck(ctx, p.reached(drained))
 		began := now()
 		pctx, cancel := context.WithTimeout(ctx, req.MaxWait+pollSlack)
 		b, err := p.rd.GetChanges(pctx, req)
@@ -84,7 +90,14 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 		if b.Checkpoint.Compare(req.From) > 0 {
 			req.From = b.Checkpoint
 		}
-		if n := len(b.Records); n > 0 && n < req.MaxRecords && b.CaughtUp && p.linger > 0 {
+		n := len(b.Records)
+		switch {
+		case n == req.MaxRecords || !b.CaughtUp:
+			backlog = true
+		case backlog:
+			backlog, drained = false, req.From
+		}
+		if n > 0 && n < req.MaxRecords && b.CaughtUp && p.linger > 0 {
 			// While it lingers, the poller acknowledges a commit that is due
 			// (the first of a run at once): the source hears of it without
 			// waiting for the next read.
@@ -94,7 +107,7 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 				case <-t.C:
 					lingering = false
 				case <-p.acks:
-					p.sendAck(ctx, false)
+					p.sendAck(ctx, p.reached(drained))
 				case <-ctx.Done():
 					t.Stop()
 					return
@@ -139,6 +152,17 @@ func (p *poller) ack(cp source.Checkpoint) {
 // barrier, which is minutes or hours away; one per commit was a tenth of
 // a live worker's CPU.
 const ackEvery = time.Second
+
+// reached tells whether the checkpoint to acknowledge has reached cp and
+// the source has not heard of cp yet (never for a zero cp).
+func (p *poller) reached(cp source.Checkpoint) bool {
+	if cp.IsZero() {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pending.Compare(cp) >= 0 && p.acked.Compare(cp) < 0
+}
 
 // sendAck acknowledges the pending checkpoint, if it is new and ackEvery
 // has passed since the last one (always, with force). A failed one is

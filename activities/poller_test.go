@@ -38,3 +38,53 @@ func TestLingeringPollerAcknowledgesACommitAtOnce(t *testing.T) {
 	require.Equal(t, []string{"ack 1.2"}, src.log.list())
 	require.Len(t, src.requests(), 1, "still lingering: no second read")
 }
+
+// The acknowledgement that reaches the end of a backlog goes out at once,
+// though the one before it went out just now (acknowledgements are
+// otherwise at most one per ackEvery): the source hears at once that the
+// tablet has caught up. The trickle that follows keeps the pace.
+func TestPollerAcknowledgesTheEndOfABacklogAtOnce(t *testing.T) {
+	src := &fakeSource{log: &callLog{}, poll: func(ctx context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+		switch n {
+		case 0:
+			b := batch(1, 3) // full: a backlog
+			b.CaughtUp = false
+			return b, nil
+		case 1:
+			return batch(4, 5), nil // the rest, caught up: the backlog ends here
+		case 2:
+			return batch(6, 6), nil // a trickle
+		}
+		<-ctx.Done()
+		return source.Batch{}, ctx.Err()
+	}}
+	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
+	require.NoError(t, err)
+	// The linger is short enough for the trickle's read to come within the
+	// test, far shorter than ackEvery.
+	p := startPoller(context.Background(), rd, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 3, MaxWait: time.Second},
+		100*time.Millisecond, time.Now, zap.NewNop(), nil)
+	defer p.stop()
+	acked := func(want ...string) {
+		t.Helper()
+		deadline := time.Now().Add(ackEvery / 2)
+		for len(src.log.list()) < len(want) {
+			require.True(t, time.Now().Before(deadline), "acknowledged %v, want %v within half of ackEvery", src.log.list(), want)
+			time.Sleep(5 * time.Millisecond)
+		}
+		require.Equal(t, want, src.log.list())
+	}
+	backlog := <-p.out
+	require.NoError(t, backlog.err)
+	p.ack(backlog.batch.Checkpoint)
+	acked("ack 1.3") // the first of a run: at once
+	rest := <-p.out
+	require.NoError(t, rest.err)
+	p.ack(rest.batch.Checkpoint)
+	acked("ack 1.3", "ack 1.5")
+	trickle := <-p.out
+	require.NoError(t, trickle.err)
+	p.ack(trickle.batch.Checkpoint)
+	require.Never(t, func() bool { return len(src.log.list()) > 2 }, ackEvery/2, 10*time.Millisecond,
+		"a trickle's commit was acknowledged before ackEvery passed")
+}
