@@ -164,6 +164,7 @@ func run() error {
 	out := flag.String("out", "", "write the result JSON here too")
 	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this program during the raw and reader loops here (the figures then carry its cost)")
+	devServer := procs.DevServerFlags()
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -177,7 +178,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}, batch: *batch}
+	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}, batch: *batch, devServer: devServer()}
 	failed := true
 	defer func() {
 		b.close()
@@ -268,6 +269,7 @@ func run() error {
 	res.Verdict = fmt.Sprintf("goal tabletflow/raw >= %.2f %s: %.2f (%.0f against %.0f records/s end to end; steady %.2f; adapter loop without Temporal %.2f)",
 		goalRatio, verdict, res.Ratio, res.Tabletflow.RecordsPerS, res.Raw.RecordsPerS, res.SteadyRatio, res.ReaderRatio)
 	res.Setup = setupNotes(*writers, *batch)
+	res.Setup = append(res.Setup, "the dev server's extra arguments: "+strings.Join(b.devServer, " "))
 	publish.Logf("%s", res.Verdict)
 
 	if err := publish.JSON(*out, res); err != nil {
@@ -307,8 +309,9 @@ func setupNotes(writers, batch int) []string {
 
 // bench is the run's world: the bed, the dev server, the worker, clients.
 type bench struct {
-	procs procs.Group
-	batch int
+	procs     procs.Group
+	batch     int
+	devServer []string // the dev server's extra arguments
 
 	bed      *pgbed.Cluster
 	server   *testbed.DevServer
@@ -333,7 +336,7 @@ func (b *bench) start(ctx context.Context, dir string) error {
 		b.bed, bedErr = pgbed.Start(sctx, pgbed.Options{Dir: filepath.Join(dir, "pg"), Shards: 1, Standbys: 1})
 	})
 	wg.Go(func() {
-		b.server, serverErr = testbed.StartDevServer(filepath.Join(b.procs.Bin, "temporal"), dir)
+		b.server, serverErr = testbed.StartDevServer(filepath.Join(b.procs.Bin, "temporal"), dir, b.devServer...)
 	})
 	wg.Wait()
 	if b.server != nil {

@@ -93,6 +93,7 @@ func run() error {
 	excludeAt := flag.String("exclude-tablets", "64,256", "comma-separated tablet counts for the exclude reaction")
 	flag.IntVar(&workerPollers, "pollers", 0, "the worker's --pollers (0: its default)")
 	flag.StringVar(&workerLogLevel, "worker-log-level", "warn", "the worker's --log-level (info logs every move in place)")
+	devServer := procs.DevServerFlags()
 	flag.Parse()
 	want := map[string]bool{}
 	for _, c := range strings.Split(*cases, ",") {
@@ -112,7 +113,8 @@ func run() error {
 	} else {
 		fmt.Fprintln(os.Stderr, "reaction: logs kept in", dir)
 	}
-	server, err = testbed.StartDevServer(filepath.Join(binDir, "temporal"), dir)
+	serverArgs := devServer()
+	server, err = testbed.StartDevServer(filepath.Join(binDir, "temporal"), dir, serverArgs...)
 	if err != nil {
 		return err
 	}
@@ -124,7 +126,7 @@ func run() error {
 	defer c.Close()
 
 	res := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "repeats": *repeats,
-		"command": "go run ./bench/reaction " + strings.Join(os.Args[1:], " ")}
+		"command": "go run ./bench/reaction " + strings.Join(os.Args[1:], " "), "dev_server_args": serverArgs}
 	// A case that fails is recorded as such and the others still run:
 	// the result keeps what was measured, and "errors" says what was not.
 	failed := map[string]string{}

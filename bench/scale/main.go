@@ -174,7 +174,7 @@ type setup struct {
 	WorkerMaxActivities     int             `json:"worker_max_concurrent_activities"`
 	WorkerPollers           int             `json:"worker_pollers"`
 	StreamConfig            json.RawMessage `json:"stream_config"`
-	DevServerDynamicConfig  []string        `json:"dev_server_dynamic_config"`
+	DevServerArgs           []string        `json:"dev_server_args"`
 	StatusPollIntervalS     float64         `json:"status_poll_interval_s"`
 	MaxChildrenPerRun       int             `json:"max_children_per_run"`
 	TabletdMaxTabletsRaised string          `json:"note,omitempty"`
@@ -241,8 +241,7 @@ func run() error {
 	heartbeat := flag.String("heartbeat-timeout", "2m", "stream config run.heartbeatTimeout: the SDK sends a heartbeat every 0.8 × this, at most every 60 s (a server write per tablet)")
 	maxWait := flag.String("max-wait", "5s", "stream config batch.maxWait: an idle tablet's long-poll (one tabletd call per tablet per maxWait)")
 	refresh := flag.String("topology-refresh", "1m", "stream config topologyRefresh (each refresh describes every tablet workflow)")
-	var dynCfg procs.StringList
-	flag.Var(&dynCfg, "dynamic-config-value", "pass to the dev server (KEY=JSON), repeatable; none by default")
+	devServer := procs.DevServerFlags()
 	keep := flag.Bool("keep", false, "keep the temporary directory (kept anyway when the goal is missed)")
 	flag.Parse()
 
@@ -287,7 +286,7 @@ func run() error {
 		Setup: setup{
 			Host: hostDesc(), LoadAvgAtStart: procstat.LoadAvg(), Tablets: *tablets, Replicas: *replicas, ServersPerCell: 2, Cells: 3,
 			WriteRate: *rate, WorkerMaxActivities: maxAct, WorkerPollers: *pollers,
-			DevServerDynamicConfig: append([]string{}, dynCfg...), StatusPollIntervalS: poll.Seconds(),
+			DevServerArgs: devServer(), StatusPollIntervalS: poll.Seconds(),
 			MaxChildrenPerRun: maxChildrenPerRun,
 		},
 		DeadlineS: timeout.Seconds(),
@@ -298,7 +297,7 @@ func run() error {
 	}
 
 	// The world: dev server, tabletd, worker.
-	extra := procs.DevServerArgs(dynCfg)
+	extra := devServer()
 	publish.Logf("starting the dev server")
 	ds, err := testbed.StartDevServer(filepath.Join(bin, "temporal"), dir, extra...)
 	if err != nil {

@@ -148,6 +148,8 @@ type result struct {
 	WorkerRSSMiB         float64 `json:"worker_rss_mib"`
 	HostLoadAvg1mAtStart float64 `json:"host_load_avg_1m_at_start"`
 	Command              string  `json:"command"`
+	// DevServerArgs: the dev server's extra arguments (its SQLite settings).
+	DevServerArgs []string `json:"dev_server_args"`
 	// Cases: the other tablet counts' measurements (bulk only), each in
 	// this shape.
 	Cases []result `json:"cases,omitempty"`
@@ -163,7 +165,11 @@ func main() {
 func run() error {
 	binDir := flag.String("bin", "./bin", "directory holding temporal, tabletd and worker")
 	tabletsFlag := flag.String("tablets", "16,64", "comma-separated tablet counts, one case each in a world of its own; the live measurement runs in the first")
-	records := flag.Uint64("records", 1_200_000, "records to preload (at least; the exact total comes from the digest)")
+	// 2.4M: on this machine's good days the raw loop reads 1.2M records in
+	// 2.4 s, of which tabletflow's start (about a second to have every
+	// tablet reading) was then half the difference: a throughput figure
+	// needs a run several times longer than the start.
+	records := flag.Uint64("records", 2_400_000, "records to preload (at least; the exact total comes from the digest)")
 	// Above what tabletd can write (~100k records/s on 2 cores) its
 	// workload falls behind and catches up in ever larger steps that a
 	// pause cannot cut, so the preload would overshoot --records by up to 2×.
@@ -172,8 +178,8 @@ func run() error {
 	measureRate := flag.Float64("measure-rate", 2000, "workload rate during the history measurement, records/s")
 	out := flag.String("out", "", "write the result JSON here too")
 	cpuProfile := flag.String("cpu-profile", "", "write the worker's Go CPU profile over the live window to this file (go tool pprof reads it)")
-	var dynCfg procs.StringList
-	flag.Var(&dynCfg, "dynamic-config-value", "pass to the dev server (KEY=JSON), repeatable; none by default")
+	bulkProfile := flag.String("bulk-cpu-profile", "", "write the worker's Go CPU profile over the first 4 s of each case's bulk run to this file with the tablet count appended (.16, .64)")
+	devServer := procs.DevServerFlags()
 	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
 	flag.Parse()
 
@@ -189,7 +195,7 @@ func run() error {
 		return err
 	}
 	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
-		cpuProfile: *cpuProfile, devServer: procs.DevServerArgs(dynCfg), keep: *keep}
+		cpuProfile: *cpuProfile, bulkProfile: *bulkProfile, devServer: devServer(), keep: *keep}
 	// The first count's case is the top level of the result (with the live
 	// measurement); the others follow in "cases".
 	var res result
@@ -199,6 +205,7 @@ func run() error {
 			return fmt.Errorf("%d tablets: %w", n, err)
 		}
 		one.Command = "go run ./bench/throughput " + strings.Join(os.Args[1:], " ")
+		one.DevServerArgs = c.devServer
 		if i == 0 {
 			res = one
 		} else {
@@ -216,6 +223,7 @@ type caseConfig struct {
 	measure     time.Duration
 	measureRate float64
 	cpuProfile  string
+	bulkProfile string
 	devServer   []string
 	keep        bool
 }
@@ -291,6 +299,15 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 		return res, err
 	}
 	cpu0 = b.cpu()
+	if c.bulkProfile != "" {
+		// Over the bulk run's first seconds, while every tablet reads.
+		path := fmt.Sprintf("%s.%d", c.bulkProfile, tablets)
+		go func() {
+			if err := b.profile(ctx, 4*time.Second, path); err != nil {
+				publish.Logf("bulk profile: %v", err)
+			}
+		}()
+	}
 	fl, err := b.flow(ctx, flowDir, total)
 	res.CPUTabletflow = b.cpu().Minus(cpu0)
 	if err != nil {
