@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -548,4 +549,43 @@ func TestStreamKeepsItsExcludeListInItsMemo(t *testing.T) {
 	require.Equal(t, "maintenance", excluded[0].Reason)
 	require.Empty(t, memos[atInclude], "the update's include is in the memo")
 	require.Equal(t, includedAt, at[atInclude], "at once: an update does not wake the stream's loop")
+}
+
+// Reports that come together are handled in one workflow task with one
+// memo update, not one each (changeMemoPerTask): a memo update is an
+// event and a visibility write, and tablets start and move in crowds.
+func TestStreamUpdatesItsMemoOncePerWorkflowTask(t *testing.T) {
+	env := newEnv(t)
+	var tablets []source.Tablet
+	for i := 1; i <= 4; i++ {
+		id := fmt.Sprintf("t-%04d", i)
+		tablets = append(tablets, source.Tablet{ID: id, Replicas: []source.Replica{replica(id, "zone1-0000000101")}})
+	}
+	w := &streamWith{lists: [][]source.Tablet{tablets}}
+	w.mock(env)
+	var started startedTablets
+	started.mock(env)
+	var states []map[string]int // each memo update's tablet-state counts
+	env.OnUpsertMemo(mock.Anything).Run(func(args mock.Arguments) {
+		states = append(states, maps.Clone(args.Get(0).(map[string]any)["tabletStates"].(map[string]int)))
+	}).Return(nil)
+	var before int
+	env.RegisterDelayedCallback(func() {
+		before = len(states)
+		for i, tb := range tablets {
+			report := TabletStatus{ID: tb.ID, State: Streaming, Replica: "zone1-0000000101", Seq: 1, Updated: env.Now()}
+			if i < len(tablets)-1 {
+				env.SignalWorkflowSkippingWorkflowTask(SignalTabletReport, report) // waits for the last
+			} else {
+				env.SignalWorkflow(SignalTabletReport, report)
+			}
+		}
+	}, 5*time.Second)
+	env.RegisterDelayedCallback(env.CancelWorkflow, 10*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.NotZero(t, before, "the memo was set before the reports")
+	require.Equal(t, map[string]int{string(Starting): 4}, states[before-1])
+	require.Equal(t, []map[string]int{{string(Streaming): 4}}, states[before:],
+		"four reports in one workflow task: one memo update, with all four")
 }

@@ -55,6 +55,9 @@ var recorded = map[string]recording{
 	// that come while a tablet waits to continue as new applied.
 	"stream-signal-handling-stopped.json": {"stopme", "44d41e0133afb1829c4d003e598b4bb0fd34ac90fe5f26267c6dc7c4dc5cc3ee"},
 	"tablet-signal-handling-stopped.json": {"stopme/tablet/t-0001", "2f06b6f6478b9fe70d09a969b06072b5ae48a1c9de8be7638c3ff29135d28a50"},
+	// changeMemoPerTask: one memo update per workflow task (one task
+	// handles three reports with one).
+	"stream-memo-per-task-stopped.json": {"stopme", "8ffd3f0895159f3dce0273dd7c11996ee4b8c80ae5963a92c61bfe6244b86097"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

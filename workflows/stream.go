@@ -44,6 +44,7 @@ func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamStat
 	if s.durable() {
 		s.slimTopology = workflow.GetVersion(ctx, changeSlimTopology, workflow.DefaultVersion, 1) >= 1
 		s.exclusionsMemo = workflow.GetVersion(ctx, changeExclusionsMemo, workflow.DefaultVersion, 1) >= 1
+		s.memoPerTask = workflow.GetVersion(ctx, changeMemoPerTask, workflow.DefaultVersion, 1) >= 1
 	}
 	if s.st == nil {
 		s.st = &StreamState{Tablets: map[string]*TabletStatus{}}
@@ -73,9 +74,12 @@ type stream struct {
 	// signalHandling: signals decoded here, errors with their context, a
 	// first run's sizes checked (changeSignalHandling).
 	signalHandling bool
-	memoSet        bool
-	reports        workflow.ReceiveChannel
-	signals        map[string]workflow.ReceiveChannel
+	// memoPerTask: the memo is brought up to date once per workflow task,
+	// not after every report (changeMemoPerTask).
+	memoPerTask bool
+	memoSet     bool
+	reports     workflow.ReceiveChannel
+	signals     map[string]workflow.ReceiveChannel
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.
@@ -213,7 +217,12 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 			sel.AddFuture(t, func(workflow.Future) { exclusionEnds.fired(); s.onExpiry(ctx) })
 		}
 		sel.Select(ctx)
-		s.details(ctx)
+		// With more reports or commands already waiting, the details wait
+		// for the last of them: 64 tablets reporting in one workflow task
+		// made 64 memo updates (each an event and a visibility write).
+		if !s.memoPerTask || !sel.HasPending() {
+			s.details(ctx)
+		}
 	}
 }
 

@@ -62,4 +62,11 @@ const (
 	// decodes its config with config.DecodeForStart, which refuses a size
 	// given as 0. Each changes which commands follow such input.
 	changeSignalHandling = "signal-handling"
+
+	// changeMemoPerTask: the stream updates its details and memo once the
+	// reports and commands already waiting are handled, instead of after
+	// each one: a memo update is a command (an event, a visibility write),
+	// and tablets that start or move together reported into one workflow
+	// task with one memo update each.
+	changeMemoPerTask = "memo-per-task"
 )
