@@ -40,8 +40,16 @@ type Node struct {
 	proc *testbed.Proc
 }
 
+// errPortTaken: a node's port was taken by another process between the
+// moment it was picked free and the server's start (a port picked is not
+// held until the server binds it).
+var errPortTaken = errors.New("port taken by another process")
+
+// pickPort is freePort, replaced by a test.
+var pickPort = freePort
+
 func (c *Cluster) newNode(name string, primary *Node) (*Node, error) {
-	port, err := freePort()
+	port, err := pickPort()
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +149,9 @@ func (n *Node) Start(ctx context.Context) error {
 	n.mu.Unlock()
 	err = poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		if p.Exited() {
+			if strings.Contains(n.Tail(), "Address already in use") {
+				return false, fmt.Errorf("postgres exited: port %d: %w", n.Port, errPortTaken)
+			}
 			return false, errors.New("postgres exited")
 		}
 		conn, err := n.Connect(ctx)
@@ -155,7 +166,7 @@ func (n *Node) Start(ctx context.Context) error {
 			return false, err
 		}
 		if !sameDir(dir, n.DataDir()) {
-			return false, fmt.Errorf("port %d answers for another server (%s)", n.Port, dir)
+			return false, fmt.Errorf("port %d answers for another server (%s): %w", n.Port, dir, errPortTaken)
 		}
 		return true, nil
 	})

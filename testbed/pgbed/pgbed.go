@@ -251,8 +251,43 @@ func (c *Cluster) setUp(ctx context.Context) error {
 		}
 	}
 	// The shards are independent (each its own initdb, so its own system
-	// identifier): set them up side by side.
-	return c.eachShard(func(s *Shard) error { return c.setUpShard(ctx, s) })
+	// identifier): set them up side by side. A shard that met a port taken
+	// meanwhile (another test process's server, say) starts over on new
+	// ports.
+	return c.eachShard(func(s *Shard) error {
+		for attempt := 1; ; attempt++ {
+			err := c.setUpShard(ctx, s)
+			if err == nil || !errors.Is(err, errPortTaken) || attempt == portAttempts {
+				return err
+			}
+			if err := c.renewShard(s); err != nil {
+				return err
+			}
+		}
+	})
+}
+
+// portAttempts bounds how often a shard's set-up starts over on new ports.
+const portAttempts = 3
+
+// renewShard undoes a shard's set-up: its nodes are killed, their
+// directories emptied, and each gets a new port.
+func (c *Cluster) renewShard(s *Shard) error {
+	for _, n := range s.Nodes() {
+		n.Kill()
+		if err := os.RemoveAll(n.dir); err != nil {
+			return err
+		}
+		port, err := pickPort()
+		if err != nil {
+			return err
+		}
+		n.Port = port
+		if err := os.Mkdir(n.dir, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *Cluster) setUpShard(ctx context.Context, s *Shard) error {

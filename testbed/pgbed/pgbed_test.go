@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 )
 
@@ -301,4 +304,30 @@ func TestBinNamesTheMakeTarget(t *testing.T) {
 	_, err := pgbed.Bin()
 	require.True(t, errors.Is(err, pgbed.ErrNoBinaries), "%v", err)
 	require.Contains(t, err.Error(), "make pg")
+}
+
+// A node whose port another process took between its pick and its start
+// (here a plain listener holds the primary's first port) does not fail
+// the cluster: the shard starts over on new ports.
+func TestAShardWhosePortIsTakenStartsOverOnNewPorts(t *testing.T) {
+	pgbed.Require(t)
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer held.Close()
+	taken := held.Addr().(*net.TCPAddr).Port
+	var picks atomic.Int32
+	restore := pgbed.SetPickPort(func() (int, error) {
+		if picks.Add(1) == 1 { // the first node made: s1-primary
+			return taken, nil
+		}
+		return testbed.FreePort()
+	})
+	defer restore()
+	c := pgbed.StartT(t, pgbed.Options{Standbys: 1})
+	require.NotEqual(t, taken, c.Shards[0].Primary.Port, "the primary moved off the taken port")
+	require.Greater(t, picks.Load(), int32(2), "the shard's nodes got new ports")
+	ctx := ctxFor(t, 30*time.Second)
+	require.NoError(t, c.Shards[0].Primary.Exec(ctx, "INSERT INTO public.orders (id) VALUES (1)"))
+	require.NoError(t, c.WaitReplayed(ctx))
+	requireSameRows(t, ctx, c.Shards[0].Primary, c.Shards[0].Standbys[0])
 }
