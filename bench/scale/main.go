@@ -297,7 +297,7 @@ func run() error {
 	}
 
 	// The world: dev server, tabletd, worker.
-	extra := devServer()
+	extra := res.Setup.DevServerArgs
 	publish.Logf("starting the dev server")
 	ds, err := testbed.StartDevServer(filepath.Join(bin, "temporal"), dir, extra...)
 	if err != nil {

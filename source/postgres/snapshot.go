@@ -200,17 +200,18 @@ func ensureProgressTable(ctx context.Context, r *replica) error {
 // chunk. It returns nil when the stream has no snapshot or its copy is
 // complete.
 func (r *Reader) openSnapshot(ctx context.Context, stream string) (*snapshot, error) {
+	primary := r.src.primary(r.sh)
 	meta, _, err := r.rep.readMeta(ctx, stream)
-	if prim := r.src.primary(r.sh); err == nil && meta.Start == 0 && r.rep != prim {
+	if err == nil && meta.Start == 0 && r.rep != primary {
 		// A standby that has not replayed the stream's record yet (the
 		// primary writes it last) cannot tell whether the stream begins
 		// with a copy; read as if not, it would skip the copy for good.
-		meta, _, err = prim.readMeta(ctx, stream)
+		meta, _, err = primary.readMeta(ctx, stream)
 	}
 	if err != nil || !meta.Snapshot {
 		return nil, err
 	}
-	prim, err := r.src.primary(r.sh).poolOf()
+	prim, err := primary.poolOf()
 	if err != nil {
 		return nil, err
 	}
