@@ -338,7 +338,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		if oldest := oldestCommitTime(group); !oldest.IsZero() {
 			a.Metrics.Committed(in.Stream, lastSuccess.Sub(oldest))
 		}
-		beat.set(progress(""))
+		beat.committed(progress(""))
 		if !recovered {
 			recovered = true
 			sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias})
