@@ -118,16 +118,17 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 }
 
 // lingerFor is how long a read that brought a trickle of records waits
-// at now: until the first multiple of linger on the clock at least half a
-// linger away. The multiples are shared by every tablet this worker
-// reads, so their reads and commits come together, once per linger,
-// rather than spread over it: the worker wakes once for all of them, and
-// their syncs share the filesystem's journal commits. A tablet in step
-// reads exactly every linger; one joining waits between half a linger and
-// one and a half.
+// at now: until the first multiple of linger on the clock at least an
+// eighth of a linger away. The multiples are shared by every tablet this
+// worker reads, so their reads and commits come together, once per
+// linger, rather than spread over it: the worker wakes once for all of
+// them, and their commits share the sink's syncs (the JSONL sink's group
+// sync). A tablet in step reads exactly every linger; one joining waits
+// between an eighth of a linger and one and an eighth, so a record waits
+// at most about that long to be read.
 func lingerFor(now time.Time, linger time.Duration) time.Duration {
 	d := linger - time.Duration(now.UnixNano()%int64(linger))
-	if d < linger/2 {
+	if d < linger/8 {
 		d += linger
 	}
 	return d
@@ -148,10 +149,12 @@ func (p *poller) ack(cp source.Checkpoint) {
 }
 
 // ackEvery: the poller acknowledges at most this often (and once more
-// when it stops). An acknowledgement only moves the source's retention
-// barrier, which is minutes or hours away; one per commit was a tenth of
-// a live worker's CPU.
-const ackEvery = time.Second
+// when it stops, and at once when a backlog is drained). An
+// acknowledgement only moves the source's retention barrier (a
+// PostgreSQL slot's confirmed position), which is minutes or hours away;
+// one per commit was a tenth of a live worker's CPU, and one a second
+// still a fifteenth.
+const ackEvery = 3 * time.Second
 
 // reached tells whether the checkpoint to acknowledge has reached cp and
 // the source has not heard of cp yet (never for a zero cp).

@@ -473,7 +473,8 @@ func TestGetChangesHeartbeatsThroughSlowStartupPollsAndCommits(t *testing.T) {
 }
 
 // A trickle's next read is on the worker's shared grid of lingers, at
-// least half a linger away: tablets in step read exactly every linger.
+// least an eighth of a linger away: tablets in step read exactly every
+// linger, and one joining waits at most one and an eighth.
 func TestLingerForWaitsForTheNextSharedMultipleOfTheLinger(t *testing.T) {
 	const linger = 500 * time.Millisecond
 	grid := time.Unix(1_800_000_000, 0) // a multiple of the linger
@@ -482,8 +483,9 @@ func TestLingerForWaitsForTheNextSharedMultipleOfTheLinger(t *testing.T) {
 	}{
 		{0, linger}, // in step: one linger
 		{10 * time.Millisecond, 490 * time.Millisecond},  // just after a multiple: the next one
-		{240 * time.Millisecond, 260 * time.Millisecond}, // the next is half a linger away or more
-		{260 * time.Millisecond, 740 * time.Millisecond}, // the next is too close: the one after
+		{260 * time.Millisecond, 240 * time.Millisecond}, // the next is an eighth of a linger away or more
+		{437 * time.Millisecond, 63 * time.Millisecond},
+		{438 * time.Millisecond, 562 * time.Millisecond}, // the next is too close: the one after
 		{499 * time.Millisecond, 501 * time.Millisecond},
 	} {
 		got := lingerFor(grid.Add(c.after), linger)
@@ -526,7 +528,7 @@ func TestGetChangesLingersAfterASmallReadOnly(t *testing.T) {
 		res, err := r.run(r.activityEnv(context.Background()), withLinger(100, 300*time.Millisecond))
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, len(*at), 2)
-		require.GreaterOrEqual(t, (*at)[1].Sub((*at)[0]), 150*time.Millisecond, "at least half a linger (lingerFor)")
+		require.GreaterOrEqual(t, (*at)[1].Sub((*at)[0]), 300*time.Millisecond/8, "at least an eighth of a linger (lingerFor)")
 		require.Equal(t, cp(3), res.Checkpoint)
 		require.Len(t, r.mem.records(testTablet), 3)
 	})

@@ -165,11 +165,13 @@ var (
 	DefaultRetry          = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5)}
 	DefaultAutoExcludeTTL = 5 * time.Minute
 	DefaultBatch          = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(DefaultLinger))}
-	// DefaultLinger: long enough that a live tablet commits about twice a
-	// second instead of once per record or two, short enough to keep the
-	// commit-to-sink lag p99 under 1 s (0.65 s measured at 2000 records/s
-	// over 16 tablets; 200ms halved the lag but cost 1.3× the CPU).
-	DefaultLinger = 500 * time.Millisecond
+	// DefaultLinger: long enough that a live tablet commits a little more
+	// than once a second instead of once per record or two, short enough
+	// to keep the commit-to-sink lag p99 under 1 s (a record waits at most
+	// about 1.125 lingers; see the README's benchmarks). A live tablet's
+	// CPU goes mostly by commits, not records: 500ms cost about 1.5× the
+	// CPU per record of 750ms.
+	DefaultLinger = 750 * time.Millisecond
 	// DefaultRun: a run's end costs the server a few writes and the tablet
 	// a pause in its reads (seconds under load, which is what made an
 	// exclusion at 256 tablets take up to 8 s with 1m runs); runs on a

@@ -59,11 +59,15 @@ func New(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"stream"})).(*prometheus.HistogramVec),
 		CommitLag: f(prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tabletflow_commit_lag_seconds",
 			Help:    "Per sink commit holding records: when it became durable less the source commit time of its oldest record (the commit's worst record).",
-			Buckets: prometheus.ExponentialBuckets(0.005, 1.5, 20)}, []string{"stream"})).(*prometheus.HistogramVec),
+			Buckets: commitLagBuckets}, []string{"stream"})).(*prometheus.HistogramVec),
 		Acks: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_acks_total",
 			Help: "Checkpoint acknowledgements sent to the source."}, []string{"stream"})).(*prometheus.CounterVec),
 	}
 }
+
+// commitLagBuckets are fine around the linger and the second (the lag a
+// live stream is judged by), and reach a minute.
+var commitLagBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 60}
 
 // SlotStats records a slot's lag and headroom in bytes.
 func (m *Metrics) SlotStats(stream, tablet string, lag, safe int64) {
@@ -154,4 +158,16 @@ func Serve(addr string, reg *prometheus.Registry) (string, func() error, error) 
 		}
 	}()
 	return lis.Addr().String(), srv.Close, nil
+}
+
+// SinkSyncs registers the JSONL sink's sync calls, read from syncs
+// (jsonl.Syncs): syncfs(2)s of the group sync, and fdatasync(2)s.
+func SinkSyncs(reg prometheus.Registerer, syncs func() (syncfs, datasync uint64)) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tabletflow_jsonl_syncfs_total",
+			Help: "syncfs(2) calls of the JSONL sink's group sync: one makes the commits of every tablet waiting on the filesystem durable."},
+			func() float64 { s, _ := syncs(); return float64(s) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tabletflow_jsonl_fdatasync_total",
+			Help: "fdatasync(2) calls of the JSONL sink's commits: a file synced on its own."},
+			func() float64 { _, d := syncs(); return float64(d) }))
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/metrics"
+	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -64,6 +65,7 @@ func run() error {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		m = metrics.New(reg)
+		metrics.SinkSyncs(reg, jsonl.Syncs)
 		opts.MetricsHandler = metrics.NewSDKHandler(reg)
 		addr, stop, err := metrics.Serve(*metricsAddr, reg)
 		if err != nil {

@@ -254,14 +254,15 @@ func spreadOf(ds []time.Duration) spread {
 }
 
 // commits is what the worker's metrics say of a window: records, sink
-// commits, acknowledgements, fsyncs (the JSONL sink's per commit), the
+// commits, acknowledgements, the JSONL sink's fdatasyncs and syncfses, the
 // commit lag's p99, and the worker's CPU per 1000 records.
 type commits struct {
 	Seconds          float64 `json:"seconds"`
 	Records          float64 `json:"records"`
 	CommitsPerS      float64 `json:"commits_per_s"`
 	AcksPerS         float64 `json:"acks_per_s"`
-	FsyncsPerS       float64 `json:"fsyncs_per_s"`
+	FsyncsPerS       float64 `json:"fsyncs_per_s"` // fdatasync(2)s
+	SyncfsPerS       float64 `json:"syncfs_per_s"` // syncfs(2)s of the group sync
 	RecordsPerCommit float64 `json:"records_per_commit"`
 	// CommitLagP99S: the upper bound of the histogram bucket holding the
 	// 99th percentile of tabletflow_commit_lag_seconds (per commit: durable
@@ -277,7 +278,8 @@ func commitStats(before, after promscrape.Scrape, workerCPU float64) commits {
 	n := promscrape.Delta(before, after, "tabletflow_batches_written_total")
 	c.CommitsPerS = n / c.Seconds
 	c.AcksPerS = promscrape.Delta(before, after, "tabletflow_acks_total") / c.Seconds
-	c.FsyncsPerS = fsyncsPerCommit * c.CommitsPerS
+	c.FsyncsPerS = promscrape.Delta(before, after, "tabletflow_jsonl_fdatasync_total") / c.Seconds
+	c.SyncfsPerS = promscrape.Delta(before, after, "tabletflow_jsonl_syncfs_total") / c.Seconds
 	if n > 0 {
 		c.RecordsPerCommit = c.Records / n
 	}
@@ -285,7 +287,7 @@ func commitStats(before, after promscrape.Scrape, workerCPU float64) commits {
 	switch { // JSON has no NaN or Inf
 	case math.IsNaN(c.CommitLagP99S): // no commit with records
 		c.CommitLagP99S = -1
-	case math.IsInf(c.CommitLagP99S, 1): // past the last bucket (~11 s)
+	case math.IsInf(c.CommitLagP99S, 1): // past the last bucket (60 s)
 		c.CommitLagP99S = 999
 	}
 	if c.Records > 0 {

@@ -80,11 +80,7 @@ const (
 	// goalLiveCPU and goalLagP99S: issue 11's group-commit goals.
 	goalLiveCPU = 3.0
 	goalLagP99S = 1.0
-	// fsyncsPerCommit: the JSONL sink's commit syncs the data file and the
-	// manifest slot it rewrote (fdatasync each; a commit of a checkpoint
-	// alone syncs only the slot, so this is an upper bound).
-	fsyncsPerCommit = 2
-	batchSize       = 1000
+	batchSize   = 1000
 )
 
 type result struct {
@@ -179,6 +175,7 @@ func run() error {
 	out := flag.String("out", "", "write the result JSON here too")
 	cpuProfile := flag.String("cpu-profile", "", "write the worker's Go CPU profile over the live window to this file (go tool pprof reads it)")
 	bulkProfile := flag.String("bulk-cpu-profile", "", "write the worker's Go CPU profile over the first 4 s of each case's bulk run to this file with the tablet count appended (.16, .64)")
+	linger := flag.Duration("linger", 0, "the stream's batch.linger (the group commit's wait); 0: the config's default")
 	devServer := procs.DevServerFlags()
 	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
 	flag.Parse()
@@ -195,7 +192,7 @@ func run() error {
 		return err
 	}
 	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
-		cpuProfile: *cpuProfile, bulkProfile: *bulkProfile, devServer: devServer(), keep: *keep}
+		cpuProfile: *cpuProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, keep: *keep}
 	// The first count's case is the top level of the result (with the live
 	// measurement); the others follow in "cases".
 	var res result
@@ -225,6 +222,7 @@ type caseConfig struct {
 	cpuProfile  string
 	bulkProfile string
 	devServer   []string
+	linger      time.Duration
 	keep        bool
 }
 
@@ -236,7 +234,7 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 	if err != nil {
 		return res, err
 	}
-	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, devServer: c.devServer}
+	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, devServer: c.devServer, linger: c.linger}
 	failed := true
 	defer func() {
 		b.procs.StopAll()
@@ -352,9 +350,9 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 	}
 	res.LiveCPUPer1kOverBulk = res.Live.WorkerCPUPer1k / res.Bulk.WorkerCPUPer1k
 	res.MeetsLiveGoal = res.LiveCPUPer1kOverBulk <= goalLiveCPU && res.Live.CommitLagP99S >= 0 && res.Live.CommitLagP99S <= goalLagP99S
-	publish.Logf("worker CPU per 1000 records: bulk %.4fs, live %.4fs (%.2f×, goal ≤ %v×); live commit lag p99 ≤ %.3fs (goal ≤ %vs); live commits %.1f/s, acks %.1f/s, fsyncs %.1f/s",
+	publish.Logf("worker CPU per 1000 records: bulk %.4fs, live %.4fs (%.2f×, goal ≤ %v×); live commit lag p99 ≤ %.3fs (goal ≤ %vs); live commits %.1f/s, acks %.1f/s, fdatasyncs %.1f/s, syncfses %.1f/s",
 		res.Bulk.WorkerCPUPer1k, res.Live.WorkerCPUPer1k, res.LiveCPUPer1kOverBulk, goalLiveCPU,
-		res.Live.CommitLagP99S, goalLagP99S, res.Live.CommitsPerS, res.Live.AcksPerS, res.Live.FsyncsPerS)
+		res.Live.CommitLagP99S, goalLagP99S, res.Live.CommitsPerS, res.Live.AcksPerS, res.Live.FsyncsPerS, res.Live.SyncfsPerS)
 	if err := b.verify(ctx, flowID, flowDir, 0); err != nil {
 		return res, fmt.Errorf("after the history measurement: %w", err)
 	}
@@ -379,10 +377,11 @@ type bench struct {
 	topo         sourcepb.TopologyClient
 	src          *tabletd.Client
 	worker       *procs.Proc
-	metrics      string    // the worker's /metrics URL
-	cpuProfile   string    // where to write the worker's live-window CPU profile; empty: none
-	devServer    []string  // extra dev server arguments
-	flowStart    time.Time // when the StreamWorkflow was started
+	metrics      string        // the worker's /metrics URL
+	cpuProfile   string        // where to write the worker's live-window CPU profile; empty: none
+	devServer    []string      // extra dev server arguments
+	linger       time.Duration // the stream's batch.linger; 0: the default
+	flowStart    time.Time     // when the StreamWorkflow was started
 }
 
 // startTemporal runs a Temporal dev server on free ports with the search
@@ -635,13 +634,18 @@ func (b *bench) flow(ctx context.Context, dir string, total uint64) (flowResult,
 	if err != nil {
 		return res, err
 	}
+	// run.duration, heartbeatTimeout and linger: the defaults, what a
+	// user gets, unless --linger says otherwise.
+	batch := map[string]any{"maxRecords": batchSize, "maxWait": "500ms"}
+	if b.linger > 0 {
+		batch["linger"] = b.linger.String()
+	}
 	cfg, err := json.Marshal(map[string]any{
 		"source": map[string]any{"kind": "tabletd", "address": b.tdAddr, "keyspace": keyspace},
 		"sink":   map[string]any{"kind": "jsonl", "path": dir},
 		// The raw loop reads PRIMARY replicas; so does this (first choice).
 		"selection": map[string]any{"tabletTypes": []string{"PRIMARY", "REPLICA", "RDONLY"}},
-		// run.duration and heartbeatTimeout: the defaults, what a user gets.
-		"batch": map[string]any{"maxRecords": batchSize, "maxWait": "500ms"},
+		"batch":     batch,
 	})
 	if err != nil {
 		return res, err

@@ -28,7 +28,9 @@
 // on disk leaves the previous manifest and a tail that the next Open
 // truncates, and readers never look past the manifest's offset. The
 // manifest's checkpoint is stored with the data it covers, so a re-read
-// batch is skipped by Write.
+// batch is skipped by Write. A sync is the file's fdatasync(2), or one
+// syncfs(2) shared with the tablets committing at the same time
+// (groupsync.go).
 //
 // Fencing: the lock keeps one writer per tablet across processes on one
 // host. Behind it, Commit is a compare-and-set on the manifest: it fails
@@ -92,6 +94,7 @@ func (e *caseError) Unwrap() error { return e.kind }
 type Sink struct {
 	dir    string
 	stream string
+	group  *syncGroup // the filesystem's group sync; nil: file by file
 
 	mu      sync.Mutex
 	closed  bool
@@ -108,7 +111,7 @@ func New(dir, stream string) (*Sink, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create sink dir: %w", err)
 	}
-	return &Sink{dir: dir, stream: stream, writers: map[string]*Writer{}}, nil
+	return &Sink{dir: dir, stream: stream, group: groupFor(dir), writers: map[string]*Writer{}}, nil
 }
 
 // Open locks the tablet, reads its manifest, truncates the data file to
@@ -164,7 +167,7 @@ func (s *Sink) open(tablet string) (*Writer, error) {
 	if !ok {
 		return nil, fmt.Errorf("open tablet %s: %w", tablet, sink.ErrLocked)
 	}
-	w := &Writer{s: s, tablet: tablet, lock: lock, prefix: linePrefix(s.stream, tablet)}
+	w := &Writer{s: s, tablet: tablet, lock: lock, prefix: linePrefix(s.stream, tablet), syncer: newSyncer(s.group)}
 	if err := w.load(); err != nil {
 		_ = w.release()
 		return nil, fmt.Errorf("open tablet %s: %w", tablet, err)
@@ -212,6 +215,7 @@ type Writer struct {
 	prefix []byte // the constant start of every line
 
 	mu     sync.Mutex
+	syncer syncer // makes its writes durable (groupsync.go)
 	f      *os.File
 	mf     *os.File          // the manifest file, open for its slots
 	mfInfo os.FileInfo       // mf's identity: a manifest replaced behind us is another file
@@ -408,7 +412,7 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		if _, err := w.f.WriteAt(w.staged, w.offset); err != nil {
 			return w.fail(w.undo(fmt.Errorf("commit tablet %s: write data: %w", w.tablet, err)))
 		}
-		if err := datasync(w.f); err != nil {
+		if err := w.syncer.sync(w.f, n); err != nil {
 			return w.fail(w.undo(fmt.Errorf("commit tablet %s: sync data: %w", w.tablet, err)))
 		}
 	}
@@ -431,7 +435,7 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		return w.fail(w.undo(fmt.Errorf("commit tablet %s: %w: manifest seq %d cannot advance", w.tablet, ErrCorrupt, w.seq)))
 	}
 	next := manifest{Seq: w.seq + 1, Stream: w.s.stream, Tablet: w.tablet, Checkpoint: cp, Offset: w.offset + n, Updated: time.Now().UTC()}
-	if err := writeSlot(w.mf, w.slots, next); err != nil {
+	if err := writeSlot(w.mf, w.slots, next, w.syncer.sync); err != nil {
 		// The slot written holds the manifest of two commits ago, never
 		// the current one: whatever reached the disk, the next Open reads
 		// either this commit or the previous one, whole. The writer is

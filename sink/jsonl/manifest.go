@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/tabletflow/tabletflow/source"
@@ -78,15 +79,19 @@ func encodeSlot(m manifest) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode manifest: %w", err)
 	}
-	b, err := json.Marshal(slot{CRC32C: crc32.Checksum(inner, castagnoli), Manifest: inner})
-	if err != nil {
-		return nil, fmt.Errorf("encode manifest: %w", err)
-	}
+	// The bytes of json.Marshal(slot{…}), put together by hand: inner is
+	// json.Marshal's, so already compact and escaped as a RawMessage
+	// would be, and this runs at every commit.
+	b := make([]byte, 0, slotSize)
+	b = append(b, `{"crc32c":`...)
+	b = strconv.AppendUint(b, uint64(crc32.Checksum(inner, castagnoli)), 10)
+	b = append(b, `,"manifest":`...)
+	b = append(b, inner...)
+	b = append(b, '}')
 	if len(b) > slotSize-1 {
 		return nil, fmt.Errorf("encode manifest: %d bytes do not fit a %d-byte slot (stream or tablet id too long)", len(b), slotSize)
 	}
-	out := make([]byte, slotSize)
-	copy(out, b)
+	out := b[:slotSize]
 	for i := len(b); i < slotSize-1; i++ {
 		out[i] = ' '
 	}
@@ -174,9 +179,9 @@ func parseSlots(tablet string, b []byte) (manifest, error) {
 	return m, err
 }
 
-// writeSlot stores m in its slot of the open manifest file, durably, and
-// in slots, the file's bytes as the writer knows them.
-func writeSlot(f *os.File, slots []byte, m manifest) error {
+// writeSlot stores m in its slot of the open manifest file, made durable
+// by sync, and in slots, the file's bytes as the writer knows them.
+func writeSlot(f *os.File, slots []byte, m manifest, sync func(*os.File, int64) error) error {
 	b, err := encodeSlot(m)
 	if err != nil {
 		return err
@@ -185,7 +190,7 @@ func writeSlot(f *os.File, slots []byte, m manifest) error {
 	if _, err := f.WriteAt(b, at); err != nil {
 		return fmt.Errorf("write manifest: %w", err)
 	}
-	if err := datasync(f); err != nil {
+	if err := sync(f, int64(len(b))); err != nil {
 		return fmt.Errorf("sync manifest: %w", err)
 	}
 	if len(slots) == 2*slotSize {

@@ -1,7 +1,9 @@
 package jsonl
 
 import (
+	"bytes"
 	"os"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,4 +21,93 @@ func datasync(f *os.File) error {
 		return err
 	}
 	return serr
+}
+
+// syncFilesystem is syncfs(2) of dir's filesystem.
+func syncFilesystem(dir *os.File) error {
+	rc, err := dir.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Syncfs(int(fd)) }); err != nil {
+		return err
+	}
+	return serr
+}
+
+// groupSyncSupported: syncfs reports a failed write back since Linux 5.8;
+// before, it returned success anyway, and only fdatasync can be trusted.
+func groupSyncSupported() bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	return kernelAtLeast(unix.ByteSliceToString(u.Release[:]), 5, 8)
+}
+
+// kernelAtLeast tells whether a kernel release ("6.1.0-18-amd64") is at
+// least major.minor.
+func kernelAtLeast(release string, major, minor int) bool {
+	var v [2]int
+	for i, f := range bytes.SplitN([]byte(release), []byte("."), 3) {
+		if i == 2 {
+			break
+		}
+		end := bytes.IndexFunc(f, func(r rune) bool { return r < '0' || r > '9' })
+		if end >= 0 {
+			f = f[:end]
+		}
+		n, err := strconv.Atoi(string(f))
+		if err != nil {
+			return false
+		}
+		v[i] = n
+	}
+	return v[0] > major || (v[0] == major && v[1] >= minor)
+}
+
+// deviceOf returns the device of dir's filesystem.
+func deviceOf(dir string) (uint64, bool) {
+	var st unix.Stat_t
+	if unix.Stat(dir, &st) != nil {
+		return 0, false
+	}
+	return st.Dev, true
+}
+
+// unwritten returns how many bytes the system holds unwritten
+// (/proc/meminfo's Dirty and Writeback), or false if it cannot tell.
+func unwritten() (int64, bool) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	return unwrittenIn(b)
+}
+
+// unwrittenIn is unwritten over /proc/meminfo's bytes.
+func unwrittenIn(meminfo []byte) (int64, bool) {
+	var total int64
+	found := 0
+	for _, line := range bytes.Split(meminfo, []byte("\n")) {
+		name, rest, ok := bytes.Cut(line, []byte(":"))
+		if !ok || (string(name) != "Dirty" && string(name) != "Writeback") {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) != 2 || string(f[1]) != "kB" {
+			return 0, false
+		}
+		kb, err := strconv.ParseInt(string(f[0]), 10, 64)
+		if err != nil || kb < 0 {
+			return 0, false
+		}
+		total += kb << 10
+		found++
+	}
+	if found != 2 {
+		return 0, false
+	}
+	return total, true
 }

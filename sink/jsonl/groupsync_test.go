@@ -1,0 +1,224 @@
+package jsonl
+
+import (
+	"encoding/json"
+	"errors"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// fakeGroup is a syncGroup over a temporary directory whose syncfs and
+// reading of unwritten bytes the test controls.
+type fakeGroup struct {
+	*syncGroup
+	mu      sync.Mutex
+	calls   int
+	fail    int           // fail this many calls from now
+	release chan struct{} // non-nil: the next call waits for it
+	dirty   int64
+}
+
+func newFakeGroup(t *testing.T) *fakeGroup {
+	dir := t.TempDir()
+	d, err := os.Open(dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	f := &fakeGroup{}
+	f.syncGroup = &syncGroup{dir: d,
+		syncfs: func(*os.File) error {
+			f.mu.Lock()
+			f.calls++
+			wait := f.release
+			f.release = nil
+			failNow := f.fail > 0
+			if failNow {
+				f.fail--
+			}
+			f.mu.Unlock()
+			if wait != nil {
+				<-wait
+			}
+			if failNow {
+				return errors.New("EIO")
+			}
+			return nil
+		},
+		unwritten: func() (int64, bool) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return f.dirty, f.dirty >= 0
+		}}
+	return f
+}
+
+func (f *fakeGroup) syncfsCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// waiting is how many writers wait for the round after the running one.
+func (f *fakeGroup) waiting() int64 {
+	f.syncGroup.mu.Lock()
+	defer f.syncGroup.mu.Unlock()
+	if f.next == nil {
+		return 0
+	}
+	return f.next.written
+}
+
+func tempFile(t *testing.T) *os.File {
+	f, err := os.Create(filepath.Join(t.TempDir(), "data"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.Close() })
+	return f
+}
+
+// syncAll has each syncer sync a file of its own at once (1 byte written
+// each) and returns the errors.
+func syncAll(t *testing.T, ss []*syncer) []error {
+	errs := make([]error, len(ss))
+	var wg sync.WaitGroup
+	for i, s := range ss {
+		f := tempFile(t)
+		wg.Go(func() { errs[i] = s.sync(f, 1) })
+	}
+	wg.Wait()
+	return errs
+}
+
+func syncers(g *syncGroup, n int) []*syncer {
+	out := make([]*syncer, n)
+	for i := range out {
+		s := newSyncer(g)
+		out[i] = &s
+	}
+	return out
+}
+
+// The writers that ask while a round is under way share the next one: 1
+// writer and then 8 more cost 2 syncfs calls and not one fdatasync.
+func TestWritersCommittingTogetherShareOneSyncfs(t *testing.T) {
+	g := newFakeGroup(t)
+	release := make(chan struct{})
+	g.release = release
+	_, before := Syncs()
+
+	first := syncers(g.syncGroup, 1)
+	done := make(chan []error, 1)
+	go func() { done <- syncAll(t, first) }()
+	require.Eventually(t, func() bool { return g.syncfsCalls() == 1 }, 5*time.Second, time.Millisecond)
+	rest := syncers(g.syncGroup, 8)
+	restDone := make(chan []error, 1)
+	go func() { restDone <- syncAll(t, rest) }()
+	require.Eventually(t, func() bool { return g.waiting() == 8 }, 5*time.Second, time.Millisecond,
+		"the 8 writers wait for the round after the running one")
+	close(release)
+	for _, err := range append(<-done, <-restDone...) {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 2, g.syncfsCalls())
+	_, after := Syncs()
+	require.Equal(t, before, after, "no writer synced its own file")
+}
+
+// A failed syncfs does not say whose write failed: every writer of that
+// round syncs its own file (which reports its own failure), and so does,
+// at its next round, a writer that was not in it; after that, rounds are
+// shared again.
+func TestAFailedSyncfsMakesEveryWriterLookAtItsOwnFile(t *testing.T) {
+	g := newFakeGroup(t)
+	absent := syncers(g.syncGroup, 1)[0]
+	in := syncers(g.syncGroup, 3)
+	g.fail = 1
+	_, before := Syncs()
+	for _, err := range syncAll(t, in) {
+		require.NoError(t, err, "each file's own fdatasync succeeds")
+	}
+	_, after := Syncs()
+	require.Equal(t, uint64(3), after-before, "each writer of the failed round synced its file")
+
+	require.NoError(t, syncAll(t, []*syncer{absent})[0])
+	_, again := Syncs()
+	require.Equal(t, uint64(1), again-after, "the writer absent from the failed round synced its file at its next")
+
+	for _, err := range syncAll(t, append(in, absent)) {
+		require.NoError(t, err)
+	}
+	_, last := Syncs()
+	require.Equal(t, again, last, "everyone has looked since the failure: rounds are shared again")
+}
+
+// A round never flushes much of other programs' data, nor runs when the
+// system's unwritten bytes cannot be read: its writers sync their own
+// files.
+func TestMuchOtherUnwrittenDataSyncsFileByFile(t *testing.T) {
+	for name, dirty := range map[string]int64{"much": maxOtherDirty + 1<<20, "unknown": -1} {
+		t.Run(name, func(t *testing.T) {
+			g := newFakeGroup(t)
+			g.dirty = dirty
+			_, before := Syncs()
+			for _, err := range syncAll(t, syncers(g.syncGroup, 4)) {
+				require.NoError(t, err)
+			}
+			_, after := Syncs()
+			require.Zero(t, g.syncfsCalls())
+			require.Equal(t, uint64(4), after-before)
+		})
+	}
+	g := newFakeGroup(t)
+	g.dirty = maxOtherDirty
+	require.NoError(t, syncAll(t, syncers(g.syncGroup, 1))[0])
+	require.Equal(t, 1, g.syncfsCalls(), "up to maxOtherDirty, the round uses syncfs")
+}
+
+// The group sync is trusted from Linux 5.8, where syncfs reports failed
+// writes.
+func TestKernelAtLeast(t *testing.T) {
+	for release, want := range map[string]bool{
+		"6.18.44-fc-v1045": true, "5.8.0": true, "5.10": true, "5.7.19-amd64": false,
+		"4.19.0-18-amd64": false, "6": true, "5": false, "": false, "x.y": false,
+	} {
+		require.Equal(t, want, kernelAtLeast(release, 5, 8), release)
+	}
+}
+
+func TestUnwrittenInReadsDirtyAndWriteback(t *testing.T) {
+	meminfo := "MemTotal:       24589412 kB\nDirty:              1024 kB\nWriteback:            16 kB\nAnonPages:  1 kB\n"
+	n, ok := unwrittenIn([]byte(meminfo))
+	require.True(t, ok)
+	require.Equal(t, int64(1040<<10), n)
+	for _, bad := range []string{"Dirty: 1 kB\n", "Dirty: x kB\nWriteback: 0 kB\n", "Dirty: 1 MB\nWriteback: 0 kB\n", ""} {
+		_, ok := unwrittenIn([]byte(bad))
+		require.False(t, ok, bad)
+	}
+}
+
+// encodeSlot builds the slot by hand; its bytes are json.Marshal's.
+func TestEncodeSlotIsJSONMarshalsBytes(t *testing.T) {
+	for _, m := range []manifest{
+		{Seq: 1, Stream: "orders", Tablet: "t-1", Updated: time.Unix(1, 5).UTC()},
+		{Seq: 1<<64 - 1, Stream: `a<b>&"c"`, Tablet: "t\u2028é", Checkpoint: source.Checkpoint{Term: 7, Index: 42}, Offset: 1 << 40,
+			Updated: time.Date(2026, 12, 2, 10, 0, 0, 123456789, time.UTC)},
+	} {
+		got, err := encodeSlot(m)
+		require.NoError(t, err)
+		inner, err := json.Marshal(m)
+		require.NoError(t, err)
+		want, err := json.Marshal(slot{CRC32C: crc32.Checksum(inner, castagnoli), Manifest: inner})
+		require.NoError(t, err)
+		require.Len(t, got, slotSize)
+		require.Equal(t, string(want), string(got[:len(want)]))
+		back, ok := decodeSlot(got)
+		require.True(t, ok)
+		require.Equal(t, m, back)
+	}
+}
