@@ -11,26 +11,19 @@ import (
 // datasync flushes f's data and the metadata needed to read it back
 // (fdatasync(2)): a manifest slot rewritten in place changes no size, so
 // it needs no journal commit for a modification time.
-func datasync(f *os.File) error {
+func datasync(f *os.File) error { return onFD(f, unix.Fdatasync) }
+
+// syncFilesystem is syncfs(2) of dir's filesystem.
+func syncFilesystem(dir *os.File) error { return onFD(dir, unix.Syncfs) }
+
+// onFD runs call on f's descriptor.
+func onFD(f *os.File, call func(fd int) error) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.Fdatasync(int(fd)) }); err != nil {
-		return err
-	}
-	return serr
-}
-
-// syncFilesystem is syncfs(2) of dir's filesystem.
-func syncFilesystem(dir *os.File) error {
-	rc, err := dir.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.Syncfs(int(fd)) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { serr = call(int(fd)) }); err != nil {
 		return err
 	}
 	return serr
