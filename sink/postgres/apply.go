@@ -105,8 +105,7 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 				defs = append(defs, pgx.Identifier{c}.Sanitize()+" jsonb")
 			}
 			defs = append(defs, "PRIMARY KEY ("+quoteAll(keyCols)+")")
-			if _, err := s.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+name+` (`+strings.Join(defs, ", ")+`)`); err != nil &&
-				!isCode(err, "42P07") && !isCode(err, "23505") {
+			if _, err := s.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+name+` (`+strings.Join(defs, ", ")+`)`); err != nil && !madeMeanwhile(err) {
 				return nil, fmt.Errorf("create mirror table %s: %w", name, classify(err))
 			}
 			if m, err = s.loadMirror(ctx, name); err != nil {
@@ -123,8 +122,7 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 		if m.cols[c] {
 			continue
 		}
-		if _, err := s.pool.Exec(ctx, `ALTER TABLE `+m.name+` ADD COLUMN IF NOT EXISTS `+pgx.Identifier{c}.Sanitize()+` jsonb`); err != nil &&
-			!isCode(err, "42701") && !isCode(err, "23505") {
+		if _, err := s.pool.Exec(ctx, `ALTER TABLE `+m.name+` ADD COLUMN IF NOT EXISTS `+pgx.Identifier{c}.Sanitize()+` jsonb`); err != nil && !madeMeanwhile(err) {
 			return nil, fmt.Errorf("add column %s to %s: %w", c, m.name, classify(err))
 		}
 		m.cols[c] = true

@@ -136,3 +136,49 @@ func TestApplyModeSharesMirrorTablesAcrossInstancesAndTablets(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM shared.public__pairs`).Scan(&n))
 	require.Equal(t, 9, n)
 }
+
+// Instances that make the same new mirror tables at the same moment all
+// commit: PostgreSQL's CREATE TABLE IF NOT EXISTS can still fail on such
+// a race, with the table's row type "already exists" (42710) or a unique
+// violation in the catalog (23505), and both mean the table is there.
+func TestApplyModeInstancesRacingToMakeTablesAllCommit(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := context.Background()
+	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "raced"}
+	const instances, tables = 6, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, instances)
+	for i := range instances {
+		s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		tablet := fmt.Sprintf("t-%04d", i+1)
+		var batch []source.Record
+		for j := range tables {
+			batch = append(batch, source.Record{Tablet: tablet, Position: source.Checkpoint{Term: 1, Index: uint64(j + 1)},
+				Table: fmt.Sprintf("public.t%02d", j), Op: source.Insert,
+				Key: json.RawMessage(fmt.Sprintf(`{"id":%d}`, i)), After: json.RawMessage(fmt.Sprintf(`{"id":%d}`, i)),
+				CommitTime: time.Unix(1, 0)})
+		}
+		wg.Go(func() {
+			w, err := s.Open(ctx, tablet)
+			if err == nil {
+				err = w.Write(ctx, batch)
+			}
+			if err == nil {
+				err = w.Commit(ctx, source.Checkpoint{Term: 1, Index: tables})
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	for j := range tables {
+		var n int
+		require.NoError(t, db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM raced.public__t%02d`, j)).Scan(&n))
+		require.Equal(t, instances, n)
+	}
+}

@@ -93,7 +93,7 @@ func (s *Sink) setUp(ctx context.Context) error {
 		`CREATE TABLE IF NOT EXISTS ` + ChangeTableDDL(s.schema),
 	}
 	for _, q := range stmts {
-		if _, err := s.pool.Exec(ctx, q); err != nil && !isCode(err, "23505") && !isCode(err, "42P06") && !isCode(err, "42P07") {
+		if _, err := s.pool.Exec(ctx, q); err != nil && !madeMeanwhile(err) {
 			return fmt.Errorf("set up the sink's tables in schema %s: %w", s.schema, classify(err))
 		}
 	}
@@ -352,4 +352,18 @@ func classify(err error) error {
 func isCode(err error, code string) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && pg.Code == code
+}
+
+// madeMeanwhile tells whether a CREATE … IF NOT EXISTS or ADD COLUMN IF
+// NOT EXISTS failed because another session made the same object at the
+// same moment (the check and the catalog insert are not one step):
+// duplicate schema, table, object (the table's row type) or column, or a
+// unique violation in the catalog. The object is there either way.
+func madeMeanwhile(err error) bool {
+	for _, code := range []string{"42P06", "42P07", "42710", "42701", "23505"} {
+		if isCode(err, code) {
+			return true
+		}
+	}
+	return false
 }
