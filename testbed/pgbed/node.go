@@ -49,18 +49,25 @@ var errPortTaken = errors.New("port taken by another process")
 var pickPort = freePort
 
 func (c *Cluster) newNode(name string, primary *Node) (*Node, error) {
-	port, err := pickPort()
-	if err != nil {
-		return nil, err
-	}
-	n := &Node{Name: name, Port: port, Primary: primary, c: c, dir: filepath.Join(c.Dir, name)}
+	n := &Node{Name: name, Primary: primary, c: c, dir: filepath.Join(c.Dir, name)}
 	if primary != nil {
 		n.SlotName = strings.ReplaceAll(name, "-", "_")
 	}
-	if err := os.Mkdir(n.dir, 0o755); err != nil {
+	if err := n.place(); err != nil {
 		return nil, err
 	}
 	return n, nil
+}
+
+// place gives the node a port picked free and makes its directory, which
+// must not exist.
+func (n *Node) place() error {
+	port, err := pickPort()
+	if err != nil {
+		return err
+	}
+	n.Port = port
+	return os.Mkdir(n.dir, 0o755)
 }
 
 // freePort picks a free loopback port below the kernel's ephemeral range

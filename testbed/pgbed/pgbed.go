@@ -278,12 +278,7 @@ func (c *Cluster) renewShard(s *Shard) error {
 		if err := os.RemoveAll(n.dir); err != nil {
 			return err
 		}
-		port, err := pickPort()
-		if err != nil {
-			return err
-		}
-		n.Port = port
-		if err := os.Mkdir(n.dir, 0o755); err != nil {
+		if err := n.place(); err != nil {
 			return err
 		}
 	}
