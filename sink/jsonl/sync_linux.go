@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,15 +44,14 @@ func groupSyncSupported() bool {
 // least major.minor.
 func kernelAtLeast(release string, major, minor int) bool {
 	var v [2]int
-	for i, f := range bytes.SplitN([]byte(release), []byte("."), 3) {
+	for i, f := range strings.SplitN(release, ".", 3) {
 		if i == 2 {
 			break
 		}
-		end := bytes.IndexFunc(f, func(r rune) bool { return r < '0' || r > '9' })
-		if end >= 0 {
+		if end := strings.IndexFunc(f, func(r rune) bool { return r < '0' || r > '9' }); end >= 0 {
 			f = f[:end]
 		}
-		n, err := strconv.Atoi(string(f))
+		n, err := strconv.Atoi(f)
 		if err != nil {
 			return false
 		}
