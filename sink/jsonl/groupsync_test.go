@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tabletflow/tabletflow/sink/sinktest"
 	"github.com/tabletflow/tabletflow/source"
 )
 
@@ -220,5 +221,41 @@ func TestEncodeSlotIsJSONMarshalsBytes(t *testing.T) {
 		back, ok := decodeSlot(got)
 		require.True(t, ok)
 		require.Equal(t, m, back)
+	}
+}
+
+// A Sink's writers make their commits durable through their filesystem's
+// group: each commit with records waits for two rounds (the data, then
+// the manifest slot), and no file is synced on its own. Without a group,
+// each commit syncs its two files.
+func TestSinkCommitsGoThroughTheGroupSync(t *testing.T) {
+	for _, grouped := range []bool{true, false} {
+		t.Run(map[bool]string{true: "grouped", false: "file by file"}[grouped], func(t *testing.T) {
+			dir := t.TempDir()
+			s := newSink(t, dir)
+			g := newFakeGroup(t)
+			s.group = nil
+			if grouped {
+				s.group = g.syncGroup
+			}
+			_, before := Syncs()
+			for _, tablet := range []string{"t-0001", "t-0002"} {
+				w, err := s.Open(ctx, tablet)
+				require.NoError(t, err)
+				require.NoError(t, w.Write(ctx, sinktest.Records(tablet, 1, 3)))
+				require.NoError(t, w.Commit(ctx, source.Checkpoint{Term: 1, Index: 3}))
+			}
+			_, after := Syncs()
+			if grouped {
+				require.Equal(t, 4, g.syncfsCalls(), "two rounds per commit")
+				require.Equal(t, before, after, "no file synced on its own")
+			} else {
+				require.Zero(t, g.syncfsCalls())
+				require.Equal(t, uint64(4), after-before, "two fdatasyncs per commit")
+			}
+			got := readRecords(t, dir)
+			require.Len(t, got["t-0001"], 3)
+			require.Len(t, got["t-0002"], 3)
+		})
 	}
 }
