@@ -23,11 +23,31 @@ type Scrape struct {
 	// Histograms: each histogram's cumulative bucket counts by upper
 	// bound, summed over its labels.
 	Histograms map[string]map[float64]uint64
+	// Series: each counter's and gauge's samples one by one, with their
+	// labels (see Sum).
+	Series map[string][]Sample
+}
+
+// Sample is one counter or gauge sample.
+type Sample struct {
+	Labels map[string]string
+	Value  float64
+}
+
+// Sum adds up name's samples whose labels keep accepts.
+func (s Scrape) Sum(name string, keep func(labels map[string]string) bool) float64 {
+	var sum float64
+	for _, v := range s.Series[name] {
+		if keep(v.Labels) {
+			sum += v.Value
+		}
+	}
+	return sum
 }
 
 // Get scrapes url.
 func Get(url string) (Scrape, error) {
-	out := Scrape{At: time.Now(), Sums: map[string]float64{}, Histograms: map[string]map[float64]uint64{}}
+	out := Scrape{At: time.Now(), Sums: map[string]float64{}, Histograms: map[string]map[float64]uint64{}, Series: map[string][]Sample{}}
 	resp, err := http.Get(url)
 	if err != nil {
 		return out, err
@@ -44,10 +64,14 @@ func Get(url string) (Scrape, error) {
 	for name, f := range families {
 		for _, m := range f.Metric {
 			switch {
-			case m.Counter != nil:
-				out.Sums[name] += m.Counter.GetValue()
-			case m.Gauge != nil:
-				out.Sums[name] += m.Gauge.GetValue()
+			case m.Counter != nil, m.Gauge != nil:
+				v := m.Counter.GetValue() + m.Gauge.GetValue() // the other is nil: 0
+				out.Sums[name] += v
+				labels := make(map[string]string, len(m.Label))
+				for _, l := range m.Label {
+					labels[l.GetName()] = l.GetValue()
+				}
+				out.Series[name] = append(out.Series[name], Sample{Labels: labels, Value: v})
 			case m.Histogram != nil:
 				out.Sums[name] += float64(m.Histogram.GetSampleCount())
 				h := out.Histograms[name]

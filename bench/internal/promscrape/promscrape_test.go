@@ -47,3 +47,25 @@ func TestQuantileOfAWindowMergesLabelsAndRoundsUpToTheBucket(t *testing.T) {
 	require.True(t, math.IsNaN(none))
 	require.Zero(t, n)
 }
+
+// Sum adds up only the samples whose labels pass the filter.
+func TestSumKeepsOnlyTheSamplesWhoseLabelsPass(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "records_total"}, []string{"stream", "tablet"})
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lag_seconds"}, []string{"tablet"})
+	reg.MustRegister(c, g)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	c.WithLabelValues("a", "t-1").Add(5)
+	c.WithLabelValues("a", "t-2").Add(7)
+	c.WithLabelValues("b", "t-2").Add(100)
+	g.WithLabelValues("t-1").Set(2.5)
+
+	s, err := Get(srv.URL)
+	require.NoError(t, err)
+	require.Equal(t, 112.0, s.Sums["records_total"])
+	require.Equal(t, 12.0, s.Sum("records_total", func(l map[string]string) bool { return l["stream"] == "a" }))
+	require.Equal(t, 7.0, s.Sum("records_total", func(l map[string]string) bool { return l["stream"] == "a" && l["tablet"] != "t-1" }))
+	require.Equal(t, 2.5, s.Sum("lag_seconds", func(map[string]string) bool { return true }))
+	require.Zero(t, s.Sum("missing_total", func(map[string]string) bool { return true }))
+}
