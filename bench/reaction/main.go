@@ -10,8 +10,9 @@
 //   - down: `fault --down` → the server's tablets stream elsewhere (goal p99
 //     ≤ the initial retry interval + 1 s);
 //   - isolation: with 1 of 16 tablets failing, the 15 healthy tablets drain
-//     a backlog of 1.6 million records at ≥ 0.95 × the rate of a fault-free
-//     run, in --isolation-pairs pairs of runs (the spread is reported), and
+//     a backlog of 4 million records at ≥ 0.95 × the rate of a fault-free
+//     run (records committed to the sink, from 10% to 90%), in
+//     --isolation-pairs pairs of runs (the spread is reported), and
 //     none goes half the source's retention (tabletd's default: 1 h)
 //     without an acknowledgement.
 //
@@ -44,6 +45,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
+	"github.com/tabletflow/tabletflow/bench/internal/procstat"
+	"github.com/tabletflow/tabletflow/bench/internal/promscrape"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
@@ -69,6 +72,7 @@ type bed struct {
 	topo     sourcepb.TopologyClient
 	tdAddr   string
 	conn     *grpc.ClientConn
+	metrics  string // the worker's /metrics URL
 }
 
 func (b *bed) close() {
@@ -183,7 +187,13 @@ func newBed(c client.Client, dir, name string, tabletdArgs ...string) (*bed, err
 	if err != nil {
 		return nil, err
 	}
-	wargs := []string{"--address", server.Addr, "--task-queue", "tq-" + name, "--log-level", workerLogLevel}
+	metricsAddr, err := testbed.FreeAddr()
+	if err != nil {
+		td.Stop()
+		return nil, err
+	}
+	wargs := []string{"--address", server.Addr, "--task-queue", "tq-" + name, "--log-level", workerLogLevel,
+		"--metrics-addr", metricsAddr}
 	if workerPollers > 0 {
 		wargs = append(wargs, "--pollers", strconv.Itoa(workerPollers))
 	}
@@ -196,7 +206,7 @@ func newBed(c client.Client, dir, name string, tabletdArgs ...string) (*bed, err
 	if err != nil {
 		return nil, err
 	}
-	b := &bed{dir: d, tq: "tq-" + name, temporal: c, tabletd: td, worker: w, tdAddr: addr, conn: conn,
+	b := &bed{dir: d, tq: "tq-" + name, temporal: c, tabletd: td, worker: w, tdAddr: addr, conn: conn, metrics: "http://" + metricsAddr + "/metrics",
 		admin: sourcepb.NewAdminClient(conn), topo: sourcepb.NewTopologyClient(conn)}
 	return b, b.until(30*time.Second, "tabletd answers", func() bool {
 		_, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
@@ -278,6 +288,49 @@ func (b *bed) acked(id string) (map[string]uint64, error) {
 		out[t.Tablet] = cp.Index
 	}
 	return out, nil
+}
+
+// drained is one isolation drain: the healthy tablets' rate from 10% to
+// 90% of their backlog, the longest a healthy tablet with records left
+// went without an acknowledgement, and in the rate's window the worker's
+// and tabletd's CPU seconds per 1,000 healthy records and the host's
+// steal seconds.
+type drained struct {
+	rate     float64
+	stall    time.Duration
+	cpuPer1k float64
+	steal    float64
+}
+
+// machineCPU is the worker's and tabletd's CPU seconds together, and the
+// host's steal seconds, at one moment.
+type machineCPU struct{ processes, steal float64 }
+
+func (b *bed) machineCPU() machineCPU {
+	var m machineCPU
+	for _, p := range []*testbed.Proc{b.worker, b.tabletd} {
+		if s, err := procstat.ProcessCPU(p.Pid()); err == nil {
+			m.processes += s
+		}
+	}
+	if h, err := procstat.ReadHostCPU(); err == nil {
+		m.steal = procstat.Seconds(h.Steal)
+	}
+	return m
+}
+
+// committed returns the records the worker committed to the sink for
+// stream's tablets that keep accepts (its tabletflow_records_written_total):
+// the sink's progress as it happens, where tabletd's acks trail it by up
+// to the worker's acknowledgement interval.
+func (b *bed) committed(stream string, keep func(tablet string) bool) (float64, error) {
+	s, err := promscrape.Get(b.metrics)
+	if err != nil {
+		return 0, err
+	}
+	return s.Sum("tabletflow_records_written_total", func(l map[string]string) bool {
+		return l["stream"] == stream && keep(l["tablet"])
+	}), nil
 }
 
 // until polls cond every 50 ms: often enough to time reactions of a second,
@@ -589,21 +642,32 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 		}
 	}
 	// drain measures the healthy tablets' steady rate: from 10% to 90% of
-	// their backlog acknowledged, leaving out the stream's start and tail;
-	// and the longest a healthy tablet with records left went without an
-	// acknowledgement. The stream is stopped afterwards, so that idle
-	// streams do not pile up on the worker.
-	drain := func(stream string) (rate float64, stall time.Duration, err error) {
+	// their backlog committed to the sink (the worker's counter: tabletd's
+	// acks move in steps of the acknowledgement interval, seconds, too
+	// coarse for a drain of a few seconds), leaving out the stream's start
+	// and tail; and the longest a healthy tablet with records left went
+	// without an acknowledgement. The drain ends when every healthy
+	// tablet is acknowledged to its end. The stream is stopped afterwards,
+	// so that idle streams do not pile up on the worker.
+	drain := func(stream string) (d drained, err error) {
 		if err := b.start(stream, map[string]any{"selection": map[string]any{"tabletTypes": []string{"PRIMARY", "REPLICA", "RDONLY"}}}); err != nil {
-			return 0, 0, err
+			return d, err
 		}
 		defer func() {
 			_ = c.SignalWorkflow(context.Background(), stream, "", workflows.CmdStop, json.RawMessage(`{}`))
 		}()
-		var t10, t90 time.Time
-		seen, since := map[string]uint64{}, map[string]time.Time{}
+		var (
+			t10, t90        time.Time
+			cpu10, cpu90    machineCPU
+			written10, wr90 float64
+			seen, since     = map[string]uint64{}, map[string]time.Time{}
+		)
 		err = b.until(5*time.Minute, "healthy tablets drained", func() bool {
 			a, err := b.acked(stream)
+			if err != nil {
+				return false
+			}
+			written, err := b.committed(stream, healthy)
 			if err != nil {
 				return false
 			}
@@ -621,22 +685,28 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 					since[id], seen[id] = now, a[id]
 				}
 				if a[id] > 0 { // before its first ack, the tablet is starting
-					stall = max(stall, now.Sub(since[id]))
+					d.stall = max(d.stall, now.Sub(since[id]))
 				}
 			}
-			if t10.IsZero() && done >= backlog/10 {
-				t10 = now
+			if t10.IsZero() && written >= float64(backlog)/10 {
+				t10, written10, cpu10 = now, written, b.machineCPU()
 			}
-			if t90.IsZero() && done >= backlog*9/10 {
-				t90 = now
+			if t90.IsZero() && written >= float64(backlog)*9/10 {
+				t90, wr90, cpu90 = now, written, b.machineCPU()
 			}
 			return done >= backlog
 		})
-		return 0.8 * float64(backlog) / t90.Sub(t10).Seconds(), stall, err
+		if err != nil {
+			return d, err
+		}
+		d.rate = 0.8 * float64(backlog) / t90.Sub(t10).Seconds()
+		d.cpuPer1k = (cpu90.processes - cpu10.processes) / (wr90 - written10) * 1000
+		d.steal = cpu90.steal - cpu10.steal
+		return d, nil
 	}
 	// A first drain warms the worker and the dev server up; it is not
 	// counted.
-	if _, _, err := drain("warmup"); err != nil {
+	if _, err := drain("warmup"); err != nil {
 		return nil, err
 	}
 	type pair struct {
@@ -646,6 +716,15 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 		// StallS: the longest a healthy tablet with records left went
 		// without an ack in the failing run.
 		StallS float64 `json:"max_healthy_stall_s"`
+		// What the machine did in each drain's window: the worker's and
+		// tabletd's CPU seconds per 1,000 healthy records, and the seconds
+		// the hypervisor gave the cores to others (steal). The same work
+		// at a different rate with the same CPU per record is the
+		// machine's speed changing, not tabletflow.
+		CleanCPUPer1k  float64 `json:"cpu_s_per_1k_healthy_records_fault_free"`
+		FaultyCPUPer1k float64 `json:"cpu_s_per_1k_healthy_records_one_failing"`
+		CleanStealS    float64 `json:"steal_s_fault_free"`
+		FaultyStealS   float64 `json:"steal_s_one_failing"`
 	}
 	var runs []pair
 	var ratios []time.Duration // summarize takes durations: ratios as seconds
@@ -668,17 +747,16 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 	for i := range pairs {
 		// Odd pairs run the failing drain first: the machine's drift
 		// (CPU steal comes and goes) does not favour one side.
-		var clean, faulty float64
-		var stall time.Duration
+		var clean, faulty drained
 		for _, failing := range []bool{i%2 == 1, i%2 == 0} {
 			if err := faults(failing); err != nil {
 				return nil, err
 			}
 			var err error
 			if failing {
-				faulty, stall, err = drain(streams[2+2*i])
+				faulty, err = drain(streams[2+2*i])
 			} else {
-				clean, _, err = drain(streams[1+2*i])
+				clean, err = drain(streams[1+2*i])
 			}
 			if err != nil {
 				return nil, err
@@ -687,9 +765,11 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 		if err := faults(false); err != nil {
 			return nil, err
 		}
-		runs = append(runs, pair{Clean: int(clean), Faulty: int(faulty), Ratio: round(faulty / clean), StallS: round(stall.Seconds())})
-		ratios = append(ratios, time.Duration(faulty/clean*float64(time.Second)))
-		worst = max(worst, stall)
+		runs = append(runs, pair{Clean: int(clean.rate), Faulty: int(faulty.rate), Ratio: round(faulty.rate / clean.rate),
+			StallS: round(faulty.stall.Seconds()), CleanCPUPer1k: clean.cpuPer1k, FaultyCPUPer1k: faulty.cpuPer1k,
+			CleanStealS: round(clean.steal), FaultyStealS: round(faulty.steal)})
+		ratios = append(ratios, time.Duration(faulty.rate/clean.rate*float64(time.Second)))
+		worst = max(worst, faulty.stall)
 	}
 	sum := summarize(ratios)
 	return map[string]any{"pairs": runs, "ratio_median": sum.Median, "ratio_min": slices.Min(sum.Samples),
