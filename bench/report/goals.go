@@ -174,6 +174,19 @@ func bulkRow(r *results, tablets int) row {
 	}
 	measured := near(ratio, goalBulkRatio, 2)
 	var details []string
+	if pairs := c.objects("pairs"); len(pairs) > 1 {
+		// bench/throughput's ratio is then the median pair's.
+		var ratios []float64
+		for _, p := range pairs {
+			if r, ok := bulkRatio(p); ok {
+				ratios = append(ratios, r)
+			}
+		}
+		if len(ratios) > 0 {
+			details = append(details, fmt.Sprintf("median of %d pairs, which ranged from %s to %s",
+				len(pairs), fixed(slices.Min(ratios), 2), fixed(slices.Max(ratios), 2)))
+		}
+	}
 	raw, okRaw := c.num("raw_records_per_s")
 	flow, okFlow := c.num("tabletflow_records_per_s")
 	if okRaw && okFlow {
@@ -204,8 +217,14 @@ func phaseRate(phase object) (float64, bool) {
 	return records / seconds, true
 }
 
-// cpuPer1k is a phase's worker CPU seconds per 1,000 records.
+// cpuPer1k is a phase's worker CPU seconds per 1,000 records; for the
+// bulk phase measured in several pairs, the median of the pairs'.
 func cpuPer1k(c object, phase string) (float64, bool) {
+	if phase == "bulk" {
+		if median, ok := c.num("bulk_worker_cpu_s_per_1k_records_median"); ok {
+			return median, true
+		}
+	}
 	return c.num(phase, "worker_cpu_s_per_1k_records")
 }
 

@@ -72,18 +72,18 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 	if err != nil {
 		return err
 	}
-	runs, err := history.Chain(ctx, b.temporal, flowID)
+	runs, err := history.Chain(ctx, b.temporal, b.flowID)
 	if err != nil {
 		return err
 	}
 	parent := analyze(runs, from, to)
 	res.HistoryEventsParentPerHour = float64(parent.events) / hours
-	publish.Logf("history: %d events in %.0fs on %s: %s", parent.events, res.MeasureWindowS, flowID, parent)
+	publish.Logf("history: %d events in %.0fs on %s: %s", parent.events, res.MeasureWindowS, b.flowID, parent)
 
 	var started, scheduled, firstRuns, gaps, decide, dispatch, wtWait []time.Duration
 	var records, batches int64
 	for i, tablet := range slices.Sorted(maps.Keys(last)) {
-		id := workflows.TabletWorkflowID(flowID, tablet)
+		id := workflows.TabletWorkflowID(b.flowID, tablet)
 		runs, err := history.Chain(ctx, b.temporal, id)
 		if err != nil {
 			return err
@@ -121,7 +121,7 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 
 	// The stream keeps up: wait for it to ack what the window wrote.
 	for deadline := time.Now().Add(2 * time.Minute); ; {
-		p, err := b.progress(ctx, last)
+		p, err := b.progress(ctx, b.flowID, last)
 		if err != nil {
 			return err
 		}
