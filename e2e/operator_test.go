@@ -461,3 +461,43 @@ func TestStopWithDropSourceStream(t *testing.T) {
 	e.recordHistory("stopme", run.GetRunID(), "stream-stopped")
 	e.recordHistory(workflows.TabletWorkflowID("stopme", "t-0001"), "", "tablet-stopped")
 }
+
+// A stopped stream's memo (what the Web UI's list shows) counts every
+// tablet Stopped, even when its last reports come in one workflow task
+// with other signals: here a flood of undecodable reports, each rejected
+// and shown, runs through the stop.
+func TestStoppedStreamMemoCountsEveryTabletStopped(t *testing.T) {
+	e := newEnv(t, "--tablets", "4", "--rate", "200")
+	e.startWorker()
+	out := filepath.Join(e.dir, "out")
+	run := e.startStream("memostop", e.config(out, nil))
+	e.waitStatus("memostop", "every tablet streaming", time.Minute, allStreaming(4))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	flood := make(chan struct{})
+	go func() {
+		defer close(flood)
+		for ctx.Err() == nil {
+			// Fails once the stream is closed: then the flood is over.
+			if err := e.temporal.SignalWorkflow(ctx, "memostop", "", workflows.SignalTabletReport, "not a report"); err != nil {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	e.signal("memostop", "stop", `{}`)
+	require.NoError(t, run.Get(ctx, nil), "the stream completes")
+	cancel()
+	<-flood
+	d, err := e.temporal.DescribeWorkflow(context.Background(), "memostop", "")
+	require.NoError(t, err)
+	p := d.RawResponse.WorkflowExecutionInfo.GetMemo().GetFields()["tabletStates"]
+	require.NotNil(t, p, "the memo has the tablet states")
+	var states map[string]int
+	require.NoError(t, converter.GetDefaultDataConverter().FromPayload(p, &states))
+	require.Equal(t, map[string]int{string(workflows.Stopped): 4}, states)
+	st, err := e.status("memostop")
+	require.NoError(t, err)
+	require.NotEmpty(t, st.Rejected, "the undecodable reports were rejected and shown")
+	e.recordHistory("memostop", run.GetRunID(), "stream-final-memo-stopped")
+}

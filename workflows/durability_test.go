@@ -589,3 +589,43 @@ func TestStreamUpdatesItsMemoOncePerWorkflowTask(t *testing.T) {
 	require.Equal(t, []map[string]int{{string(Streaming): 4}}, states[before:],
 		"four reports in one workflow task: one memo update, with all four")
 }
+
+// The memo holds the final tablet states when the stream stops, even when
+// the last Stopped report came in one workflow task with another signal:
+// the memo then waited for that one, and the stream ended first.
+func TestStreamMemoHoldsTheFinalStatesWhenItStops(t *testing.T) {
+	env := newEnv(t)
+	tablets := []source.Tablet{
+		{ID: "t-0001", Replicas: []source.Replica{replica("t-0001", "zone1-0000000101")}},
+		{ID: "t-0002", Replicas: []source.Replica{replica("t-0002", "zone1-0000000101")}},
+	}
+	w := &streamWith{lists: [][]source.Tablet{tablets}}
+	w.mock(env)
+	var started startedTablets
+	started.mock(env)
+	env.OnSignalExternalWorkflow(mock.Anything, mock.Anything, "", SignalTabletCommand, mock.Anything).Return(nil).Maybe()
+	var states []map[string]int // each memo update's tablet-state counts
+	env.OnUpsertMemo(mock.Anything).Run(func(args mock.Arguments) {
+		states = append(states, maps.Clone(args.Get(0).(map[string]any)["tabletStates"].(map[string]int)))
+	}).Return(nil)
+	report := func(id string, st State, seq int64) TabletStatus {
+		return TabletStatus{ID: id, State: st, Replica: "zone1-0000000101", Seq: seq, Updated: env.Now()}
+	}
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflowSkippingWorkflowTask(SignalTabletReport, report("t-0001", Streaming, 1))
+		env.SignalWorkflow(SignalTabletReport, report("t-0002", Streaming, 1))
+	}, 5*time.Second)
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(CmdStop, json.RawMessage(`{}`)) }, 8*time.Second)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflowSkippingWorkflowTask(SignalTabletReport, report("t-0001", Stopped, 2))
+		env.SignalWorkflowSkippingWorkflowTask(SignalTabletReport, report("t-0002", Stopped, 2))
+		// Another signal in the same task: a report sent again.
+		env.SignalWorkflow(SignalTabletReport, report("t-0002", Stopped, 2))
+	}, 12*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	require.NotEmpty(t, states)
+	require.Equal(t, map[string]int{string(Stopped): 2}, states[len(states)-1], "memo updates: %v", states)
+}

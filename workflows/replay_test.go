@@ -58,6 +58,10 @@ var recorded = map[string]recording{
 	// changeMemoPerTask: one memo update per workflow task (one task
 	// handles three reports with one).
 	"stream-memo-per-task-stopped.json": {"stopme", "8ffd3f0895159f3dce0273dd7c11996ee4b8c80ae5963a92c61bfe6244b86097"},
+	// changeFinalMemo: a stopped stream whose last reports came with
+	// other signals updates its memo before it completes (from
+	// e2e.TestStoppedStreamMemoCountsEveryTabletStopped).
+	"stream-final-memo-stopped.json": {"memostop", "5a1d2f5fc0069c97a66a4ce0d7c9f36e303eafbd1a7795f6c127515123e09df0"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -297,6 +297,7 @@ func (s *stream) finish(ctx, actx workflow.Context) error {
 			return err
 		}
 	}
+	s.memoCaughtUp(ctx)
 	s.log.Info("stream stopped", "dropSourceStream", s.st.Stop.DropSourceStream)
 	workflow.SetCurrentDetails(ctx, fmt.Sprintf("stream **%s** stopped; every tablet made its final commit", s.id))
 	return nil
@@ -315,6 +316,7 @@ func (s *stream) continueAsNew(ctx workflow.Context) error {
 	if err := s.settle(ctx); err != nil {
 		return err
 	}
+	s.memoCaughtUp(ctx)
 	s.compact()
 	return workflow.NewContinueAsNewError(ctx, StreamWorkflow, s.raw, s.st)
 }
@@ -541,27 +543,20 @@ func (s *stream) reject(ctx workflow.Context, signal, reason string) {
 // current details, and a memo with the count of tablets in each state
 // (updated only when those counts change).
 func (s *stream) details(ctx workflow.Context) {
-	counts := map[State]int{}
 	var records int64
 	for _, t := range s.st.Tablets {
-		counts[t.State]++
 		records += t.Records
 	}
+	memo, exclude := s.memoValues()
 	var parts []string
-	memo := map[string]int{}
-	for _, st := range []State{Streaming, Retrying, NoEligibleReplica, Paused, Starting, Split, Expired, Failed, Stopped} {
-		if n := counts[st]; n > 0 {
+	for _, st := range memoStates {
+		if n := memo[string(st)]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, st))
-			memo[string(st)] = n
 		}
 	}
 	workflow.SetCurrentDetails(ctx, fmt.Sprintf("stream **%s**: %d tablets (%s), %d records written",
 		s.id, len(s.st.Tablets), strings.Join(parts, ", "), records))
-	exclude := make([]string, 0, len(s.st.Exclude))
-	for _, e := range s.st.Exclude {
-		exclude = append(exclude, describeExclusion(e))
-	}
-	if !maps.Equal(memo, s.memo) || !slices.Equal(exclude, s.memoExclude) || (s.exclusionsMemo && !s.memoSet) {
+	if s.memoStale(memo, exclude) {
 		fields := map[string]any{"tabletStates": memo, "exclude": exclude}
 		if s.exclusionsMemo {
 			fields[activities.MemoExclusions] = s.st.Exclude
@@ -571,6 +566,51 @@ func (s *stream) details(ctx workflow.Context) {
 		}
 		s.memo, s.memoExclude, s.memoSet = memo, exclude, true
 	}
+}
+
+// memoStates are the states the memo counts, in the order the details
+// name them.
+var memoStates = []State{Streaming, Retrying, NoEligibleReplica, Paused, Starting, Split, Expired, Failed, Stopped}
+
+// memoValues returns what the memo should hold now: the count of tablets
+// in each state (states with none left out) and the operator exclude list
+// described.
+func (s *stream) memoValues() (map[string]int, []string) {
+	counts := map[State]int{}
+	for _, t := range s.st.Tablets {
+		counts[t.State]++
+	}
+	memo := map[string]int{}
+	for _, st := range memoStates {
+		if n := counts[st]; n > 0 {
+			memo[string(st)] = n
+		}
+	}
+	exclude := make([]string, 0, len(s.st.Exclude))
+	for _, e := range s.st.Exclude {
+		exclude = append(exclude, describeExclusion(e))
+	}
+	return memo, exclude
+}
+
+// memoStale reports whether the memo differs from memo and exclude (or,
+// with changeExclusionsMemo, this run has not set it yet).
+func (s *stream) memoStale(memo map[string]int, exclude []string) bool {
+	return !maps.Equal(memo, s.memo) || !slices.Equal(exclude, s.memoExclude) || (s.exclusionsMemo && !s.memoSet)
+}
+
+// memoCaughtUp brings the memo up to date before the run ends
+// (changeFinalMemo): with memo-per-task its last update may have waited
+// for a report or command that the run then handled on its way out, and
+// a stopped stream's memo kept the states from before the stop.
+func (s *stream) memoCaughtUp(ctx workflow.Context) {
+	if !s.memoPerTask || !s.memoStale(s.memoValues()) {
+		return
+	}
+	if workflow.GetVersion(ctx, changeFinalMemo, workflow.DefaultVersion, 1) < 1 {
+		return
+	}
+	s.details(ctx)
 }
 
 // describeExclusion renders an operator exclusion for the memo:

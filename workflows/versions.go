@@ -69,4 +69,11 @@ const (
 	// and tablets that start or move together reported into one workflow
 	// task with one memo update each.
 	changeMemoPerTask = "memo-per-task"
+
+	// changeFinalMemo: a stream run that ends (stopped, or continuing as
+	// new) with its memo behind its state updates the memo first. With
+	// changeMemoPerTask the last update could wait for a report or
+	// command that the run then handled on its way out, and a stopped
+	// stream's memo showed its tablets as they were before the stop.
+	changeFinalMemo = "final-memo"
 )
