@@ -657,10 +657,10 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 			_ = c.SignalWorkflow(context.Background(), stream, "", workflows.CmdStop, json.RawMessage(`{}`))
 		}()
 		var (
-			t10, t90        time.Time
-			cpu10, cpu90    machineCPU
-			written10, wr90 float64
-			seen, since     = map[string]uint64{}, map[string]time.Time{}
+			t10, t90             time.Time
+			cpu10, cpu90         machineCPU
+			written10, written90 float64
+			seen, since          = map[string]uint64{}, map[string]time.Time{}
 		)
 		err = b.until(5*time.Minute, "healthy tablets drained", func() bool {
 			a, err := b.acked(stream)
@@ -692,7 +692,7 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 				t10, written10, cpu10 = now, written, b.machineCPU()
 			}
 			if t90.IsZero() && written >= float64(backlog)*9/10 {
-				t90, wr90, cpu90 = now, written, b.machineCPU()
+				t90, written90, cpu90 = now, written, b.machineCPU()
 			}
 			return done >= backlog
 		})
@@ -700,7 +700,7 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 			return d, err
 		}
 		d.rate = 0.8 * float64(backlog) / t90.Sub(t10).Seconds()
-		d.cpuPer1k = (cpu90.processes - cpu10.processes) / (wr90 - written10) * 1000
+		d.cpuPer1k = (cpu90.processes - cpu10.processes) / (written90 - written10) * 1000
 		d.steal = cpu90.steal - cpu10.steal
 		return d, nil
 	}
@@ -718,9 +718,10 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 		StallS float64 `json:"max_healthy_stall_s"`
 		// What the machine did in each drain's window: the worker's and
 		// tabletd's CPU seconds per 1,000 healthy records, and the seconds
-		// the hypervisor gave the cores to others (steal). The same work
-		// at a different rate with the same CPU per record is the
-		// machine's speed changing, not tabletflow.
+		// the hypervisor gave the cores to others (steal). They say
+		// whether a rate moved with what the same work cost in CPU (the
+		// machine running slower or faster; in the failing drain the
+		// failing tablet's retries count too) or with steal.
 		CleanCPUPer1k  float64 `json:"cpu_s_per_1k_healthy_records_fault_free"`
 		FaultyCPUPer1k float64 `json:"cpu_s_per_1k_healthy_records_one_failing"`
 		CleanStealS    float64 `json:"steal_s_fault_free"`
