@@ -29,7 +29,8 @@ func rowsFor(t *testing.T, dir string) map[string]row {
 // TestGoalVerdicts checks each goal's verdict, figure and source over the
 // fixtures: testdata/met holds figures within (or exactly at) every bound,
 // testdata/missed figures just past them, testdata/partial missing and
-// unreadable files, testdata/older-exclude a reaction-exclude.json older
+// unreadable files, testdata/pairs a throughput.json of several pairs
+// per case, testdata/older-exclude a reaction-exclude.json older
 // than reaction.json and isolation in a reaction-isolation.json.
 func TestGoalVerdicts(t *testing.T) {
 	tests := []struct {
@@ -43,8 +44,7 @@ func TestGoalVerdicts(t *testing.T) {
 		// Met, including figures exactly at an inclusive bound.
 		{"bulk ratio above bound", "met", "bulk-16", met, "0.95", throughputFile},
 		{"bulk ratio at bound, from the cases array", "met", "bulk-64", met, "0.90", throughputFile},
-		{"bulk ratio of several pairs says the pairs' range", "met", "bulk-64", met, "median of 3 pairs, which ranged from 0.88 to 0.95", throughputFile},
-		{"live CPU over the pairs' median bulk figure", "met", "live-cpu", met, "2.50 × bulk", throughputFile},
+		{"live CPU from the two per-1k figures", "met", "live-cpu", met, "2.50 × bulk", throughputFile},
 		{"live lag ignores the bulk phase's 999", "met", "live-lag", met, "0.500 s", throughputFile},
 		{"newer reaction-exclude.json wins for exclude 64, median from the file", "met", "exclude-64", met, "2.000 s (median 1.500 s; 4 trials)", reactionExcludeFile},
 		{"newer reaction-exclude.json wins for exclude 256", "met", "exclude-256", met, "1.800 s", reactionExcludeFile},
@@ -84,6 +84,10 @@ func TestGoalVerdicts(t *testing.T) {
 		{"unreadable scale.json", "partial", "scale", notMeasured, "scale.json unreadable", scaleFile + " (unreadable)"},
 		{"missing getchanges.json", "partial", "getchanges", notMeasured, "getchanges.json not found", getChangesFile + " (missing)"},
 		{"missing soak.json", "partial", "soak", notMeasured, "soak.json not found", soakFile + " (missing)"},
+
+		// bench/throughput's pairs: the median pair judged, the range said.
+		{"bulk ratio of several pairs says the pairs' range", "pairs", "bulk-64", met, "median of 3 pairs, which ranged from 0.88 to 0.95", throughputFile},
+		{"live CPU over the pairs' median bulk figure, not the median pair's", "pairs", "live-cpu", met, "2.50 × bulk", throughputFile},
 
 		// reaction.json newer than reaction-exclude.json keeps its case.
 		{"newer reaction.json wins, median of an even count as bench/reaction takes it", "older-exclude", "exclude-64", met, "1.500 s (median 1.500 s; 2 trials)", reactionFile},
