@@ -117,6 +117,13 @@ func (r Retry) Attempts() int32 {
 
 func ptr[T any](v T) *T { return &v }
 
+// defaultMaxWait is batch.maxWait when the config leaves it out:
+// DefaultMaxWait, or what run allows if that is less — half its
+// heartbeat timeout (the rule of Validate) and half its duration.
+func defaultMaxWait(run Run) Duration {
+	return Duration(min(DefaultMaxWait, run.HeartbeatTimeout.D()/2, run.Duration.D()/2))
+}
+
 // Batch bounds one read.
 type Batch struct {
 	MaxRecords int      `json:"maxRecords,omitempty"`
@@ -156,6 +163,15 @@ type Exclusion struct {
 	Expires time.Time `json:"expires,omitzero"`
 }
 
+// DefaultMaxWait: a read of an idle tablet waits this long for a
+// record (one arriving ends the wait at once), so an idle tablet costs
+// the worker and the source one call per 5s. Each call costs the
+// worker about a millisecond of CPU whatever it brings: with 500ms,
+// 16 idle tablets cost more CPU than 2,000 records/s over them, and a
+// thousand idle ones two cores. A stream whose run.heartbeatTimeout
+// or run.duration is short gets a shorter one (defaultMaxWait).
+const DefaultMaxWait = 5 * time.Second
+
 // Defaults for every optional field.
 var (
 	DefaultStartFrom      = "earliest"
@@ -164,7 +180,7 @@ var (
 	DefaultMaxLag         = 30 * time.Second
 	DefaultRetry          = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5)}
 	DefaultAutoExcludeTTL = 5 * time.Minute
-	DefaultBatch          = Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(DefaultLinger))}
+	DefaultBatch          = Batch{MaxRecords: 1000, MaxWait: Duration(DefaultMaxWait), Linger: ptr(Duration(DefaultLinger))}
 	// DefaultLinger: long enough that a live tablet commits a little more
 	// than once a second instead of once per record or two, short enough
 	// to keep the commit-to-sink lag p99 under 1 s (a record waits at most
@@ -321,9 +337,6 @@ func (s *Stream) Defaults() {
 	if s.Batch.MaxRecords == 0 {
 		s.Batch.MaxRecords = DefaultBatch.MaxRecords
 	}
-	if s.Batch.MaxWait == 0 {
-		s.Batch.MaxWait = DefaultBatch.MaxWait
-	}
 	if s.Batch.Linger == nil {
 		s.Batch.Linger = ptr(Duration(DefaultLinger))
 	}
@@ -332,6 +345,9 @@ func (s *Stream) Defaults() {
 	}
 	if s.Run.HeartbeatTimeout == 0 {
 		s.Run.HeartbeatTimeout = DefaultRun.HeartbeatTimeout
+	}
+	if s.Batch.MaxWait == 0 {
+		s.Batch.MaxWait = defaultMaxWait(s.Run)
 	}
 	if s.TopologyRefresh == 0 {
 		s.TopologyRefresh = Duration(DefaultTopologyRefresh)

@@ -318,12 +318,21 @@ func TestDecodeAcceptsBoundaryValues(t *testing.T) {
 		// The cap may equal the first interval.
 		{name: "maximumInterval equal to initialInterval", extra: `"retry": {"initialInterval": "30s", "maximumInterval": "30s"}`,
 			check: func(t *testing.T, s Stream) { require.Equal(t, s.Retry.InitialInterval, s.Retry.MaximumInterval) }},
-		// The shortest run and heartbeat timeout.
+		// The shortest run and heartbeat timeout; the default long-poll
+		// shrinks to fit them.
 		{name: "run of 1s", extra: `"run": {"duration": "1s", "heartbeatTimeout": "1s"}`,
 			check: func(t *testing.T, s Stream) {
 				require.Equal(t, time.Second, s.Run.Duration.D())
 				require.Equal(t, time.Second, s.Run.HeartbeatTimeout.D())
+				require.Equal(t, 500*time.Millisecond, s.Batch.MaxWait.D())
 			}},
+		// A heartbeat timeout shorter than twice DefaultMaxWait, with no
+		// maxWait given: the default is half the timeout, not an error.
+		{name: "short heartbeatTimeout without maxWait", extra: `"run": {"heartbeatTimeout": "3s"}`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, 1500*time.Millisecond, s.Batch.MaxWait.D()) }},
+		// A run shorter than twice DefaultMaxWait: half the run.
+		{name: "short run without maxWait", extra: `"run": {"duration": "4s"}`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, 2*time.Second, s.Batch.MaxWait.D()) }},
 		// onlySpecified with cells and all three types in another order.
 		{name: "onlySpecified with cells", extra: `"selection": {"cells": ["zone2", "zone1"], "cellPreference": "onlySpecified", "tabletTypes": ["PRIMARY", "RDONLY", "REPLICA"]}`,
 			check: func(t *testing.T, s Stream) {

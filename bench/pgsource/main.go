@@ -83,7 +83,7 @@ const (
 	taskQueue    = "bench"
 	goalRatio    = 0.8
 	// maxWait is the batch's long poll, tabletflow's default.
-	maxWait = 500 * time.Millisecond
+	maxWait = config.DefaultMaxWait
 	// loopTimeout bounds each reader's run.
 	loopTimeout = 3 * time.Minute
 )
