@@ -274,8 +274,27 @@ func liveCPURow(r *results) row {
 	} else if rate, ok := c.num("history_measure_records_per_s"); ok {
 		details = append(details, fmt.Sprintf("live at %s records/s", fixed(rate, 0)))
 	}
+	if idle := idleDetail(c); idle != "" {
+		details = append(details, idle)
+	}
 	return goal.judged(withDetails(near(times, goalLiveCPUOverBulk, 2)+" × bulk", details),
 		atMost(times, goalLiveCPUOverBulk), f.Name)
+}
+
+// idleDetail says what the case's tablets cost the worker caught up with
+// no records (its idle window), or "" when it has none.
+func idleDetail(c object) string {
+	cpu, okCPU := c.num("idle", "worker_cpu_s")
+	secs, okSecs := c.num("idle", "seconds")
+	tablets, okTablets := c.num("tablets")
+	if !okCPU || !okSecs || !okTablets || secs <= 0 {
+		return ""
+	}
+	text := fmt.Sprintf("idle: %s tablets caught up cost the worker %s %% of a core", fixed(tablets, 0), fixed(100*cpu/secs, 1))
+	if reads, ok := c.num("idle", "commits_per_s"); ok {
+		text += fmt.Sprintf(" (%s reads/s)", fixed(reads, 1))
+	}
+	return text
 }
 
 // objectAt returns the object at key, or an empty one.

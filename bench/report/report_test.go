@@ -30,7 +30,8 @@ func rowsFor(t *testing.T, dir string) map[string]row {
 // fixtures: testdata/met holds figures within (or exactly at) every bound,
 // testdata/missed figures just past them, testdata/partial missing and
 // unreadable files, testdata/pairs a throughput.json of several pairs
-// per case, testdata/older-exclude a reaction-exclude.json older
+// per case, testdata/idle one with an idle window,
+// testdata/older-exclude a reaction-exclude.json older
 // than reaction.json and isolation in a reaction-isolation.json.
 func TestGoalVerdicts(t *testing.T) {
 	tests := []struct {
@@ -88,6 +89,8 @@ func TestGoalVerdicts(t *testing.T) {
 		// bench/throughput's pairs: the median pair judged, the range said.
 		{"bulk ratio of several pairs says the pairs' range", "pairs", "bulk-64", met, "median of 3 pairs, which ranged from 0.88 to 0.95", throughputFile},
 		{"live CPU over the pairs' median bulk figure, not the median pair's", "pairs", "live-cpu", met, "2.50 × bulk", throughputFile},
+		// The idle window: what caught-up tablets cost, beside the live goal.
+		{"live CPU row says what idle tablets cost", "idle", "live-cpu", met, "idle: 16 tablets caught up cost the worker 1.6 % of a core (3.2 reads/s)", throughputFile},
 
 		// reaction.json newer than reaction-exclude.json keeps its case.
 		{"newer reaction.json wins, median of an even count as bench/reaction takes it", "older-exclude", "exclude-64", met, "1.500 s (median 1.500 s; 2 trials)", reactionFile},

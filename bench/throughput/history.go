@@ -253,6 +253,27 @@ func spreadOf(ds []time.Duration) spread {
 	return spread{N: len(ds), Min: r(ds[0]), Median: r(ds[len(ds)/2]), Max: r(ds[len(ds)-1])}
 }
 
+// idleCost measures the worker over window with the stream caught up and
+// the workload paused (as historyCost leaves them): every tablet
+// long-polls its replica.
+func (b *bench) idleCost(ctx context.Context, window time.Duration) (commits, error) {
+	m0, err := promscrape.Get(b.metrics)
+	if err != nil {
+		return commits{}, err
+	}
+	cpu0 := b.cpu()
+	publish.Logf("idle: every tablet caught up, no records, for %v", window)
+	if err := procs.Sleep(ctx, window); err != nil {
+		return commits{}, err
+	}
+	cpu := b.cpu().Minus(cpu0)
+	m1, err := promscrape.Get(b.metrics)
+	if err != nil {
+		return commits{}, err
+	}
+	return commitStats(m0, m1, cpu["worker"]), nil
+}
+
 // commits is what the worker's metrics say of a window: records, sink
 // commits, acknowledgements, the JSONL sink's fdatasyncs and syncfses, the
 // commit lag's p99, and the worker's CPU per 1000 records.

@@ -135,6 +135,12 @@ type result struct {
 	BulkCPUPer1kMedian   float64 `json:"bulk_worker_cpu_s_per_1k_records_median"`
 	LiveCPUPer1kOverBulk float64 `json:"live_cpu_per_1k_over_bulk"`
 	MeetsLiveGoal        bool    `json:"meets_live_goal"`
+	// Idle: the same stream caught up with the workload paused, over
+	// --idle (no goal: what idle tablets cost, one read each per
+	// batch.maxWait). IdleCorePerTablet: the worker's CPU seconds per
+	// second per tablet.
+	Idle              commits `json:"idle"`
+	IdleCorePerTablet float64 `json:"idle_worker_core_per_tablet"`
 
 	WorkerPeakRSSMiB     float64 `json:"worker_peak_rss_mib"`
 	WorkerRSSMiB         float64 `json:"worker_rss_mib"`
@@ -215,6 +221,7 @@ func run() error {
 	bulkProfile := flag.String("bulk-cpu-profile", "", "write the worker's Go CPU profile over the first 4 s of each case's bulk run to this file with the tablet count appended (.16, .64)")
 	linger := flag.Duration("linger", 0, "the stream's batch.linger (the group commit's wait); 0: the config's default")
 	devServer := procs.DevServerFlags()
+	idle := flag.Duration("idle", 30*time.Second, "after the live window, how long to measure the worker with every tablet caught up and no records (0: not measured)")
 	pairs := flag.Int("pairs", 3, "raw loop and tabletflow runs per case (odd pairs but the last run tabletflow first); the goal is judged on the median pair")
 	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
 	flag.Parse()
@@ -234,7 +241,7 @@ func run() error {
 		return fmt.Errorf("--pairs: %d; at least 1", *pairs)
 	}
 	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
-		cpuProfile: *cpuProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, pairs: *pairs, keep: *keep}
+		cpuProfile: *cpuProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, pairs: *pairs, idle: *idle, keep: *keep}
 	// The first count's case is the top level of the result (with the live
 	// measurement); the others follow in "cases".
 	var res result
@@ -266,6 +273,7 @@ type caseConfig struct {
 	devServer   []string
 	linger      time.Duration
 	pairs       int
+	idle        time.Duration // the idle window after the live one; 0: none
 	keep        bool
 }
 
@@ -379,6 +387,14 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 		res.Live.CommitLagP99S, goalLagP99S, res.Live.CommitsPerS, res.Live.AcksPerS, res.Live.FsyncsPerS, res.Live.SyncfsPerS)
 	if err := b.verify(ctx, b.flowID, filepath.Join(dir, b.flowID), 0); err != nil {
 		return res, fmt.Errorf("after the history measurement: %w", err)
+	}
+	if c.idle > 0 {
+		if res.Idle, err = b.idleCost(ctx, c.idle); err != nil {
+			return res, fmt.Errorf("idle: %w", err)
+		}
+		res.IdleCorePerTablet = res.Idle.WorkerCPUS / res.Idle.Seconds / float64(tablets)
+		publish.Logf("idle: %d tablets caught up for %.0fs: worker %.2f%% of a core (%.3f%% per tablet), %.1f reads committed/s",
+			tablets, res.Idle.Seconds, 100*res.Idle.WorkerCPUS/res.Idle.Seconds, 100*res.IdleCorePerTablet, res.Idle.CommitsPerS)
 	}
 
 	if res.WorkerRSSMiB, res.WorkerPeakRSSMiB, err = testbed.Memory(b.worker.Pid()); err != nil {
@@ -748,9 +764,9 @@ func (b *bench) flow(ctx context.Context, id, dir string, total uint64) (flowRes
 	if err != nil {
 		return res, err
 	}
-	// run.duration, heartbeatTimeout and linger: the defaults, what a
-	// user gets, unless --linger says otherwise.
-	batch := map[string]any{"maxRecords": batchSize, "maxWait": "500ms"}
+	// batch.maxWait, run.duration, heartbeatTimeout and linger: the
+	// defaults, what a user gets, unless --linger says otherwise.
+	batch := map[string]any{"maxRecords": batchSize}
 	if b.linger > 0 {
 		batch["linger"] = b.linger.String()
 	}
