@@ -119,9 +119,16 @@ func ptr[T any](v T) *T { return &v }
 
 // defaultMaxWait is batch.maxWait when the config leaves it out:
 // DefaultMaxWait, or what run allows if that is less — half its
-// heartbeat timeout (the rule of Validate) and half its duration.
+// heartbeat timeout (the rule of Validate) and half its duration. A run
+// field that is not positive bounds nothing: Validate names it.
 func defaultMaxWait(run Run) Duration {
-	return Duration(min(DefaultMaxWait, run.HeartbeatTimeout.D()/2, run.Duration.D()/2))
+	d := DefaultMaxWait
+	for _, bound := range []time.Duration{run.HeartbeatTimeout.D() / 2, run.Duration.D() / 2} {
+		if bound > 0 {
+			d = min(d, bound)
+		}
+	}
+	return Duration(d)
 }
 
 // Batch bounds one read.

@@ -247,6 +247,10 @@ func TestDecodeRejectsBadConfigsNamingTheField(t *testing.T) {
 		{name: "linger not a duration", in: minimal(`"batch": {"linger": 200}`), wantPrefix: "batch.linger: 200: want a duration string"},
 		// A run shorter than a second.
 		{name: "run shorter than 1s", in: minimal(`"run": {"duration": "500ms"}`), wantPrefix: "run.duration:"},
+		// A negative run, or heartbeat timeout, with no maxWait given: the
+		// error names the run field, not the default long-poll made from it.
+		{name: "negative run without maxWait", in: minimal(`"run": {"duration": "-1s"}`), wantPrefix: "run.duration:"},
+		{name: "negative heartbeatTimeout without maxWait", in: minimal(`"run": {"heartbeatTimeout": "-1s"}`), wantPrefix: "run.heartbeatTimeout:"},
 		// A heartbeat timeout shorter than a second.
 		{name: "heartbeatTimeout below 1s", in: minimal(`"run": {"heartbeatTimeout": "999ms"}`), wantPrefix: "run.heartbeatTimeout:"},
 		// A heartbeat timeout below twice the long-poll (workers from before

@@ -135,7 +135,7 @@ func describe(c *pgbed.Cluster, out string) (env string, cfg []byte, err error) 
 		"sink":            map[string]any{"kind": "jsonl", "path": out},
 		"retry":           map[string]any{"initialInterval": "1s", "backoffCoefficient": 2.0, "maximumInterval": "30s", "maximumAttempts": 5},
 		"autoExcludeTTL":  "5m",
-		"batch":           map[string]any{"maxRecords": 1000, "maxWait": "500ms"},
+		"batch":           map[string]any{"maxRecords": 1000, "maxWait": "5s"},
 		"run":             map[string]any{"duration": "1m", "heartbeatTimeout": "10s"},
 		"topologyRefresh": "15s",
 	}
