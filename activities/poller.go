@@ -73,8 +73,15 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 	for {
 		p.sendAck(ctx, p.reached(drained))
 		began := now()
-		pctx, cancel := context.WithTimeout(ctx, req.MaxWait+pollSlack)
-		b, err := p.rd.GetChanges(pctx, req)
+		// While the source has not heard of everything handed over, a
+		// read that finds nothing returns within ackPoll: acknowledgements
+		// go out between reads, and an idle tablet's read waits maxWait.
+		r := req
+		if p.owed(req.From) {
+			r.MaxWait = min(r.MaxWait, ackPoll)
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.MaxWait+pollSlack)
+		b, err := p.rd.GetChanges(pctx, r)
 		cancel()
 		if ctx.Err() != nil { // stopped: what was read is not delivered
 			return
@@ -155,6 +162,21 @@ func (p *poller) ack(cp source.Checkpoint) {
 // one per commit was a tenth of a live worker's CPU, and one a second
 // still a fifteenth.
 const ackEvery = 3 * time.Second
+
+// ackPoll bounds the wait of a read while an acknowledgement is owed
+// (owed), so that it goes out within about this long of its commit even
+// when the replica has nothing more: at the end of a backlog the source
+// hears at once that the tablet caught up (a long batch.maxWait would
+// hold it back that long).
+const ackPoll = 200 * time.Millisecond
+
+// owed tells whether the source has yet to hear of cp, the checkpoint
+// of what was handed over.
+func (p *poller) owed(cp source.Checkpoint) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.acked.Compare(cp) < 0
+}
 
 // reached tells whether the checkpoint to acknowledge has reached cp and
 // the source has not heard of cp yet (never for a zero cp).

@@ -88,3 +88,53 @@ func TestPollerAcknowledgesTheEndOfABacklogAtOnce(t *testing.T) {
 	require.Never(t, func() bool { return len(src.log.list()) > 2 }, ackEvery/2, 10*time.Millisecond,
 		"a trickle's commit was acknowledged before ackEvery passed")
 }
+
+// While the source has yet to hear of what was handed over, a read that
+// finds nothing returns within ackPoll, so the acknowledgement goes out
+// soon after its commit; once it has, an idle replica's read waits the
+// whole maxWait (one call per maxWait is what an idle tablet costs).
+func TestPollerWaitsBrieflyWhileAnAcknowledgementIsOwed(t *testing.T) {
+	const maxWait = time.Minute
+	src := &fakeSource{log: &callLog{}, poll: func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+		if n == 0 {
+			b := batch(1, 3) // full: a backlog
+			b.CaughtUp = false
+			return b, nil
+		}
+		// Nothing more: the read waits its MaxWait, as a replica does.
+		select {
+		case <-time.After(req.MaxWait):
+			return source.Batch{Checkpoint: req.From, CaughtUp: true}, nil
+		case <-ctx.Done():
+			return source.Batch{}, ctx.Err()
+		}
+	}}
+	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
+	require.NoError(t, err)
+	p := startPoller(context.Background(), rd, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 3, MaxWait: maxWait},
+		time.Hour, time.Now, zap.NewNop(), nil)
+	defer p.stop()
+	backlog := <-p.out
+	require.NoError(t, backlog.err)
+	empty := <-p.out // read while the backlog's commit is not acknowledged
+	require.NoError(t, empty.err)
+	require.Empty(t, empty.batch.Records)
+	reqs := src.requests()
+	require.Equal(t, maxWait, reqs[0].MaxWait, "nothing owed yet: the first read waits maxWait")
+	require.Equal(t, ackPoll, reqs[1].MaxWait, "the backlog's acknowledgement owed: a short read")
+
+	p.ack(backlog.batch.Checkpoint) // committed
+	deadline := time.Now().Add(5 * time.Second)
+	for len(src.log.list()) == 0 {
+		require.True(t, time.Now().Before(deadline), "the end of the backlog was not acknowledged")
+		select {
+		case <-p.out: // the short reads go on until it is
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	require.Equal(t, []string{"ack 1.3"}, src.log.list())
+	require.Eventually(t, func() bool {
+		reqs := src.requests()
+		return reqs[len(reqs)-1].MaxWait == maxWait
+	}, 5*time.Second, 5*time.Millisecond, "once acknowledged, the idle read waits maxWait")
+}
