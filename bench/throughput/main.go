@@ -220,6 +220,7 @@ func run() error {
 	cpuProfile := flag.String("cpu-profile", "", "write the worker's Go CPU profile over the live window to this file (go tool pprof reads it)")
 	bulkProfile := flag.String("bulk-cpu-profile", "", "write the worker's Go CPU profile over the first 4 s of each case's bulk run to this file with the tablet count appended (.16, .64)")
 	linger := flag.Duration("linger", 0, "the stream's batch.linger (the group commit's wait); 0: the config's default")
+	maxWait := flag.Duration("max-wait", 0, "the stream's batch.maxWait (an idle tablet's long poll); 0: the config's default")
 	devServer := procs.DevServerFlags()
 	idle := flag.Duration("idle", 30*time.Second, "after the live window, how long to measure the worker with every tablet caught up and no records (0: not measured)")
 	pairs := flag.Int("pairs", 3, "raw loop and tabletflow runs per case (odd pairs but the last run tabletflow first); the goal is judged on the median pair")
@@ -241,7 +242,7 @@ func run() error {
 		return fmt.Errorf("--pairs: %d; at least 1", *pairs)
 	}
 	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
-		cpuProfile: *cpuProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, pairs: *pairs, idle: *idle, keep: *keep}
+		cpuProfile: *cpuProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, maxWait: *maxWait, pairs: *pairs, idle: *idle, keep: *keep}
 	// The first count's case is the top level of the result (with the live
 	// measurement); the others follow in "cases".
 	var res result
@@ -272,6 +273,7 @@ type caseConfig struct {
 	bulkProfile string
 	devServer   []string
 	linger      time.Duration
+	maxWait     time.Duration
 	pairs       int
 	idle        time.Duration // the idle window after the live one; 0: none
 	keep        bool
@@ -285,7 +287,7 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 	if err != nil {
 		return res, err
 	}
-	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, devServer: c.devServer, linger: c.linger}
+	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, devServer: c.devServer, linger: c.linger, maxWait: c.maxWait}
 	failed := true
 	defer func() {
 		b.procs.StopAll()
@@ -510,6 +512,7 @@ type bench struct {
 	cpuProfile   string        // where to write the worker's live-window CPU profile; empty: none
 	devServer    []string      // extra dev server arguments
 	linger       time.Duration // the stream's batch.linger; 0: the default
+	maxWait      time.Duration // the stream's batch.maxWait; 0: the default
 	flowStart    time.Time     // when the StreamWorkflow was started
 	flowID       string        // the last StreamWorkflow started: the live window's stream
 }
@@ -765,10 +768,14 @@ func (b *bench) flow(ctx context.Context, id, dir string, total uint64) (flowRes
 		return res, err
 	}
 	// batch.maxWait, run.duration, heartbeatTimeout and linger: the
-	// defaults, what a user gets, unless --linger says otherwise.
+	// defaults, what a user gets, unless --linger or --max-wait say
+	// otherwise.
 	batch := map[string]any{"maxRecords": batchSize}
 	if b.linger > 0 {
 		batch["linger"] = b.linger.String()
+	}
+	if b.maxWait > 0 {
+		batch["maxWait"] = b.maxWait.String()
 	}
 	cfg, err := json.Marshal(map[string]any{
 		"source": map[string]any{"kind": "tabletd", "address": b.tdAddr, "keyspace": keyspace},
