@@ -73,12 +73,12 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 	for {
 		p.sendAck(ctx, p.reached(drained))
 		began := now()
-		// While the source has not heard of everything handed over, a
-		// read that finds nothing returns within ackPoll: acknowledgements
-		// go out between reads, and an idle tablet's read waits maxWait.
+		// Acknowledgements go out between reads: while one is owed, a read
+		// that finds nothing returns when it is due (ackWait); once the
+		// source has heard of everything, an idle read waits maxWait.
 		r := req
-		if p.owed(req.From) {
-			r.MaxWait = min(r.MaxWait, ackPoll)
+		if wait, owed := p.ackWait(req.From, drained, backlog); owed {
+			r.MaxWait = min(r.MaxWait, wait)
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.MaxWait+pollSlack)
 		b, err := p.rd.GetChanges(pctx, r)
@@ -163,19 +163,27 @@ func (p *poller) ack(cp source.Checkpoint) {
 // still a fifteenth.
 const ackEvery = 3 * time.Second
 
-// ackPoll bounds the wait of a read while an acknowledgement is owed
-// (owed), so that it goes out within about this long of its commit even
-// when the replica has nothing more: at the end of a backlog the source
-// hears at once that the tablet caught up (a long batch.maxWait would
-// hold it back that long).
+// ackPoll: the shortest wait of a read while an acknowledgement is owed
+// (ackWait).
 const ackPoll = 200 * time.Millisecond
 
-// owed tells whether the source has yet to hear of cp, the checkpoint
-// of what was handed over.
-func (p *poller) owed(cp source.Checkpoint) bool {
+// ackWait tells whether the source has yet to hear of from (the
+// checkpoint of what was handed over) and, if so, how long a read may
+// wait for records before the acknowledgement is due: ackPoll during a
+// backlog, or while the one reaching its end (drained) is owed — the
+// source hears at once that the tablet caught up, where a long
+// batch.maxWait would hold that back; otherwise until ackEvery has passed
+// since the last one, and at least ackPoll.
+func (p *poller) ackWait(from, drained source.Checkpoint, backlog bool) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.acked.Compare(cp) < 0
+	if p.acked.Compare(from) >= 0 {
+		return 0, false
+	}
+	if backlog || (!drained.IsZero() && p.acked.Compare(drained) < 0) {
+		return ackPoll, true
+	}
+	return max(ackPoll, ackEvery-time.Since(p.ackedAt)), true
 }
 
 // reached tells whether the checkpoint to acknowledge has reached cp and

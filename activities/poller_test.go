@@ -89,15 +89,21 @@ func TestPollerAcknowledgesTheEndOfABacklogAtOnce(t *testing.T) {
 		"a trickle's commit was acknowledged before ackEvery passed")
 }
 
-// While the source has yet to hear of what was handed over, a read that
-// finds nothing returns within ackPoll, so the acknowledgement goes out
-// soon after its commit; once it has, an idle replica's read waits the
-// whole maxWait (one call per maxWait is what an idle tablet costs).
-func TestPollerWaitsBrieflyWhileAnAcknowledgementIsOwed(t *testing.T) {
+// At the end of a backlog a read that finds nothing returns within
+// ackPoll while the source has yet to hear of what was handed over,
+// though an acknowledgement went out just now (they are otherwise at most
+// one per ackEvery): the source hears soon after the commit that the
+// tablet caught up. Once it has, an idle replica's read waits the whole
+// maxWait (one call per maxWait is what an idle tablet costs).
+func TestPollerWaitsBrieflyAtTheEndOfABacklog(t *testing.T) {
 	const maxWait = time.Minute
+	firstAcked := make(chan struct{}) // the second read returns after the first commit
 	src := &fakeSource{log: &callLog{}, poll: func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
-		if n == 0 {
-			b := batch(1, 3) // full: a backlog
+		if n < 2 {
+			if n == 1 {
+				<-firstAcked
+			}
+			b := batch(uint64(3*n+1), uint64(3*n+3)) // full: a backlog
 			b.CaughtUp = false
 			return b, nil
 		}
@@ -114,27 +120,71 @@ func TestPollerWaitsBrieflyWhileAnAcknowledgementIsOwed(t *testing.T) {
 	p := startPoller(context.Background(), rd, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 3, MaxWait: maxWait},
 		time.Hour, time.Now, zap.NewNop(), nil)
 	defer p.stop()
-	backlog := <-p.out
-	require.NoError(t, backlog.err)
-	empty := <-p.out // read while the backlog's commit is not acknowledged
+	first := <-p.out
+	require.NoError(t, first.err)
+	p.ack(first.batch.Checkpoint) // the first of the run: at once, before the third read
+	close(firstAcked)
+	last := <-p.out
+	require.NoError(t, last.err)
+	empty := <-p.out // read while the backlog's last commit is not acknowledged
+	require.Equal(t, []string{"ack 1.3"}, src.log.list())
 	require.NoError(t, empty.err)
 	require.Empty(t, empty.batch.Records)
 	reqs := src.requests()
 	require.Equal(t, maxWait, reqs[0].MaxWait, "nothing owed yet: the first read waits maxWait")
-	require.Equal(t, ackPoll, reqs[1].MaxWait, "the backlog's acknowledgement owed: a short read")
+	require.Equal(t, ackPoll, reqs[2].MaxWait, "the backlog's last acknowledgement owed: a short read")
 
-	p.ack(backlog.batch.Checkpoint) // committed
+	p.ack(last.batch.Checkpoint) // committed
 	deadline := time.Now().Add(5 * time.Second)
-	for len(src.log.list()) == 0 {
+	for len(src.log.list()) < 2 {
 		require.True(t, time.Now().Before(deadline), "the end of the backlog was not acknowledged")
 		select {
 		case <-p.out: // the short reads go on until it is
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	require.Equal(t, []string{"ack 1.3"}, src.log.list())
+	require.Equal(t, []string{"ack 1.3", "ack 1.6"}, src.log.list())
 	require.Eventually(t, func() bool {
 		reqs := src.requests()
 		return reqs[len(reqs)-1].MaxWait == maxWait
 	}, 5*time.Second, 5*time.Millisecond, "once acknowledged, the idle read waits maxWait")
+}
+
+// A trickle's acknowledgements keep their pace (one per ackEvery): while
+// one is owed but not due, an empty read waits until it is due, not
+// ackPoll (an idle PostgreSQL shard's checkpoint advances without
+// records every few seconds) and not the whole maxWait.
+func TestPollerWaitsUntilATricklesAcknowledgementIsDue(t *testing.T) {
+	const maxWait = time.Minute
+	src := &fakeSource{log: &callLog{}, poll: func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+		switch n {
+		case 0:
+			return batch(1, 2), nil // a trickle, caught up
+		case 1:
+			return batch(3, 3), nil
+		}
+		select {
+		case <-time.After(req.MaxWait):
+			return source.Batch{Checkpoint: req.From, CaughtUp: true}, nil
+		case <-ctx.Done():
+			return source.Batch{}, ctx.Err()
+		}
+	}}
+	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
+	require.NoError(t, err)
+	p := startPoller(context.Background(), rd, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 100, MaxWait: maxWait},
+		10*time.Millisecond, time.Now, zap.NewNop(), nil)
+	defer p.stop()
+	first := <-p.out
+	require.NoError(t, first.err)
+	p.ack(first.batch.Checkpoint) // the first of the run: at once
+	require.Eventually(t, func() bool { return len(src.log.list()) == 1 }, 5*time.Second, 5*time.Millisecond)
+	second := <-p.out
+	require.NoError(t, second.err)
+	p.ack(second.batch.Checkpoint) // owed, due ackEvery after the first
+	require.Eventually(t, func() bool { return len(src.requests()) >= 3 }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, []string{"ack 1.2"}, src.log.list())
+	wait := src.requests()[2].MaxWait
+	require.Greater(t, wait, ackEvery/2, "a trickle's owed acknowledgement is not due yet: no short read")
+	require.LessOrEqual(t, wait, ackEvery, "the read returns when the acknowledgement is due, not after maxWait")
 }
