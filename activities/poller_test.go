@@ -107,13 +107,7 @@ func TestPollerWaitsBrieflyAtTheEndOfABacklog(t *testing.T) {
 			b.CaughtUp = false
 			return b, nil
 		}
-		// Nothing more: the read waits its MaxWait, as a replica does.
-		select {
-		case <-time.After(req.MaxWait):
-			return source.Batch{Checkpoint: req.From, CaughtUp: true}, nil
-		case <-ctx.Done():
-			return source.Batch{}, ctx.Err()
-		}
+		return nothingMore(ctx, req)
 	}}
 	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
 	require.NoError(t, err)
@@ -163,12 +157,7 @@ func TestPollerWaitsUntilATricklesAcknowledgementIsDue(t *testing.T) {
 		case 1:
 			return batch(3, 3), nil
 		}
-		select {
-		case <-time.After(req.MaxWait):
-			return source.Batch{Checkpoint: req.From, CaughtUp: true}, nil
-		case <-ctx.Done():
-			return source.Batch{}, ctx.Err()
-		}
+		return nothingMore(ctx, req)
 	}}
 	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
 	require.NoError(t, err)
@@ -187,4 +176,15 @@ func TestPollerWaitsUntilATricklesAcknowledgementIsDue(t *testing.T) {
 	wait := src.requests()[2].MaxWait
 	require.Greater(t, wait, ackEvery/2, "a trickle's owed acknowledgement is not due yet: no short read")
 	require.LessOrEqual(t, wait, ackEvery, "the read returns when the acknowledgement is due, not after maxWait")
+}
+
+// nothingMore is a read of a caught-up replica with nothing more to
+// give: it waits req.MaxWait, as a replica does, and returns no records.
+func nothingMore(ctx context.Context, req source.ChangesRequest) (source.Batch, error) {
+	select {
+	case <-time.After(req.MaxWait):
+		return source.Batch{Checkpoint: req.From, CaughtUp: true}, nil
+	case <-ctx.Done():
+		return source.Batch{}, ctx.Err()
+	}
 }
