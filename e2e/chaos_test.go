@@ -64,9 +64,7 @@ func TestChaosWorkerKilledAtRandomMoments(t *testing.T) {
 	p := chaos()
 	e := newEnv(t, "--tablets", "6", "--rate", "300")
 	worker := e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	e.startStream("chaos-kill", e.config(out, nil))
-	e.waitStatus("chaos-kill", "every tablet streaming", time.Minute, allStreaming(6))
+	_, out, _ := e.streamAll("chaos-kill", 6)
 	for i := range p.kills + 1 {
 		// Each kill hits a worker that is streaming: records flow first.
 		at := sinkRecords(out)
@@ -96,9 +94,7 @@ func TestChaosOneOfTwoWorkersKilledItsTabletsMoveToTheOther(t *testing.T) {
 	e := newEnv(t, "--tablets", "8", "--rate", "400")
 	victim := e.startWorker()
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	e.startStream("chaos-two", e.config(out, nil)) // heartbeatTimeout 5s, retry initialInterval 200ms
-	e.waitStatus("chaos-two", "every tablet streaming", time.Minute, allStreaming(8))
+	_, out, _ := e.streamAll("chaos-two", 8) // heartbeatTimeout 5s, retry initialInterval 200ms
 	e.eventually("every tablet has records", time.Minute, func() (bool, string) {
 		n := recordsPerTablet(out)
 		return len(n) == 8, fmt.Sprint(n)
@@ -134,9 +130,7 @@ func TestChaosTemporalServerKilledAndRestarted(t *testing.T) {
 	e := newEnvOn(t, server.Addr, "--tablets", "4", "--rate", "300")
 	e.logs = append(e.logs, server.Proc) // its log, shown on failure (the path outlives restarts)
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	e.startStream("chaos-server", e.config(out, nil))
-	e.waitStatus("chaos-server", "every tablet streaming", time.Minute, allStreaming(4))
+	_, out, _ := e.streamAll("chaos-server", 4)
 	for i := range p.restarts {
 		randomMoment(time.Second, 3*time.Second)
 		require.NoError(t, server.Restart(), "restart %d: %s", i+1, server.Tail())

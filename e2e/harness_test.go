@@ -294,6 +294,16 @@ func tabletStatus(st workflows.StreamStatus, id string) workflows.TabletStatus {
 	return workflows.TabletStatus{}
 }
 
+// streamAll starts stream id with the test config into the sink
+// directory <dir>/out and waits until all n tablets stream; it returns
+// the run, the sink directory and that status.
+func (e *env) streamAll(id string, n int) (client.WorkflowRun, string, workflows.StreamStatus) {
+	out := filepath.Join(e.dir, "out")
+	run := e.startStream(id, e.config(out, nil))
+	st := e.waitStatus(id, "every tablet streaming", time.Minute, allStreaming(n))
+	return run, out, st
+}
+
 // allStreaming is a waitStatus condition: n tablets, all Streaming.
 func allStreaming(n int) func(workflows.StreamStatus) (bool, string) {
 	return inState(n, workflows.Streaming)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -45,9 +44,7 @@ func scrape(url string) (map[string]float64, error) {
 func TestWorkerMetricsMoveWhileStreaming(t *testing.T) {
 	e := newEnv(t, "--tablets", "4", "--rate", "200")
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	e.startStream("metrics", e.config(out, nil))
-	e.waitStatus("metrics", "every tablet streaming", time.Minute, allStreaming(4))
+	e.streamAll("metrics", 4)
 
 	var first map[string]float64
 	e.eventually("records counted", 30*time.Second, func() (bool, string) {

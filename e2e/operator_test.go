@@ -136,9 +136,7 @@ func TestPositionMismatchMovesTheTabletToAnotherReplica(t *testing.T) {
 func TestOperatorExclusionMovesTabletsOffAReplica(t *testing.T) {
 	e := newEnv(t, "--tablets", "8", "--rate", "200")
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	e.startStream("opx", e.config(out, nil))
-	st := e.waitStatus("opx", "every tablet streaming", time.Minute, allStreaming(8))
+	_, out, st := e.streamAll("opx", 8)
 	alias := busiest(st)
 	before := st
 
@@ -272,9 +270,7 @@ func secondBusiest(st workflows.StreamStatus, not string) string {
 func TestTabletWithEveryReplicaExcludedWaitsThenResumes(t *testing.T) {
 	e := newEnv(t, "--tablets", "4", "--rate", "100")
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	e.startStream("noel", e.config(out, nil))
-	e.waitStatus("noel", "every tablet streaming", time.Minute, allStreaming(4))
+	e.streamAll("noel", 4)
 	var aliases []string
 	for _, r := range e.replicasOf("t-0002") {
 		aliases = append(aliases, r.Alias)
@@ -368,9 +364,7 @@ func TestSplitUnderLoadHandsOffToTheChildren(t *testing.T) {
 func TestTabletPausedPastRetentionExpires(t *testing.T) {
 	e := newEnv(t, "--tablets", "4", "--rate", "100", "--retention", "8s")
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	e.startStream("pause", e.config(out, nil))
-	e.waitStatus("pause", "every tablet streaming", time.Minute, allStreaming(4))
+	e.streamAll("pause", 4)
 	e.signal("pause", "pause", `{"tablets": ["t-0003"]}`)
 	st := e.waitStatus("pause", "t-0003 paused with its retention counting down", 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
 		b := tabletStatus(st, "t-0003")
@@ -401,9 +395,7 @@ func TestTabletPausedPastRetentionExpires(t *testing.T) {
 func TestContinueAsNewKeepsExclusionsAndPausedTablets(t *testing.T) {
 	e := newEnv(t, "--tablets", "4", "--rate", "100")
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	run := e.startStream("can", e.config(out, nil))
-	st := e.waitStatus("can", "every tablet streaming", time.Minute, allStreaming(4))
+	run, _, st := e.streamAll("can", 4)
 	alias := busiest(st)
 	e.signal("can", "exclude", fmt.Sprintf(`{"aliases": [%q], "reason": "kept", "ttl": "1h"}`, alias))
 	e.signal("can", "pause", `{"tablets": ["t-0004"]}`)
@@ -436,9 +428,7 @@ func TestContinueAsNewKeepsExclusionsAndPausedTablets(t *testing.T) {
 func TestStopWithDropSourceStream(t *testing.T) {
 	e := newEnv(t, "--tablets", "4", "--rate", "200")
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	run := e.startStream("stopme", e.config(out, nil))
-	e.waitStatus("stopme", "every tablet streaming", time.Minute, allStreaming(4))
+	run, out, _ := e.streamAll("stopme", 4)
 	e.workload(sourcepb.WorkloadRequest_PAUSE)
 	e.requireExact("stopme", out, 2*time.Minute)
 	e.signal("stopme", "stop", `{"dropSourceStream": true}`)
@@ -469,9 +459,7 @@ func TestStopWithDropSourceStream(t *testing.T) {
 func TestStoppedStreamMemoCountsEveryTabletStopped(t *testing.T) {
 	e := newEnv(t, "--tablets", "4", "--rate", "200")
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	run := e.startStream("memostop", e.config(out, nil))
-	e.waitStatus("memostop", "every tablet streaming", time.Minute, allStreaming(4))
+	run, _, _ := e.streamAll("memostop", 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	flood := make(chan struct{})

@@ -37,9 +37,7 @@ func TestWebUIShowsTheStreamAndItsTablets(t *testing.T) {
 	browser := chromium(t)
 	e := newEnv(t, "--tablets", "4", "--rate", "100")
 	e.startWorker()
-	out := filepath.Join(e.dir, "out")
-	run := e.startStream("webui", e.config(out, nil))
-	st := e.waitStatus("webui", "every tablet streaming", time.Minute, allStreaming(4))
+	run, _, st := e.streamAll("webui", 4)
 	// An operator exclusion shows in the stream's memo too.
 	alias := busiest(st)
 	e.signal("webui", "exclude", fmt.Sprintf(`{"aliases": [%q], "reason": "web ui check", "ttl": "1h"}`, alias))
