@@ -2,43 +2,20 @@ package e2e
 
 import (
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/testbed/promscrape"
 )
 
-// scrape reads the worker's metrics: the sum of each family's samples.
+// scrape reads the worker's metrics: the sum of each family's samples
+// (a histogram's sample count).
 func scrape(url string) (map[string]float64, error) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	for name, f := range families {
-		for _, m := range f.Metric {
-			switch {
-			case m.Counter != nil:
-				out[name] += m.Counter.GetValue()
-			case m.Gauge != nil:
-				out[name] += m.Gauge.GetValue()
-			case m.Histogram != nil:
-				out[name] += float64(m.Histogram.GetSampleCount())
-			}
-		}
-	}
-	return out, nil
+	m, err := promscrape.Get(url)
+	return m.Sums, err
 }
 
 func TestWorkerMetricsMoveWhileStreaming(t *testing.T) {

@@ -46,11 +46,11 @@ import (
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
-	"github.com/tabletflow/tabletflow/bench/internal/promscrape"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/testbed"
+	"github.com/tabletflow/tabletflow/testbed/promscrape"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 

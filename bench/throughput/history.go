@@ -17,9 +17,9 @@ import (
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/bench/internal/history"
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
-	"github.com/tabletflow/tabletflow/bench/internal/promscrape"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/testbed/promscrape"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 

@@ -65,7 +65,6 @@ import (
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
-	"github.com/tabletflow/tabletflow/bench/internal/promscrape"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
@@ -74,6 +73,7 @@ import (
 	"github.com/tabletflow/tabletflow/source/tabletd"
 	"github.com/tabletflow/tabletflow/tabletd/digest"
 	"github.com/tabletflow/tabletflow/testbed"
+	"github.com/tabletflow/tabletflow/testbed/promscrape"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
