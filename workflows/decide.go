@@ -68,6 +68,9 @@ type decision struct {
 	wait, resetBackoff bool
 	// keepReplica: the next run reads the same replica without selecting.
 	keepReplica bool
+	// byPolicy: the wait follows the stream's retry policy's intervals
+	// (the sink's trouble) rather than the tablet's own backoff.
+	byPolicy bool
 	// done: the tablet workflow ends (state is terminal).
 	done bool
 }
@@ -88,7 +91,10 @@ func decide(o outcome, sel activities.Selection) decision {
 	case runSinkUnavailable:
 		// The sink's trouble, not the replica's: nothing is excluded and
 		// the same replica is read again after the backoff.
-		return decision{state: Retrying, reason: "sink unavailable: " + o.message, wait: true, keepReplica: true}
+		// The wait follows the stream's retry policy, as a run's own
+		// retries do; its maximumAttempts does not apply: a sink coming
+		// back is waited for, never held against a replica.
+		return decision{state: Retrying, reason: "sink unavailable: " + o.message, wait: true, keepReplica: true, byPolicy: true}
 	case runSinkFailed:
 		// No replica can help: the sink cannot take this tablet's data.
 		return decision{state: Failed, reason: prefixed("sink: ", o.message), done: true}

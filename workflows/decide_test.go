@@ -43,9 +43,9 @@ func TestDecideWhatARunsEndMeansForTheTablet(t *testing.T) {
 		// Another writer committed: back off, reopen the sink.
 		{"fenced", outcome{end: runFenced}, three, decision{wait: true}},
 		// The sink's trouble is never the replica's: same replica, no
-		// exclusion, a backoff.
+		// exclusion, a backoff by the stream's retry policy.
 		{"sink unavailable", outcome{end: runSinkUnavailable, message: "tablet is locked"}, three,
-			decision{state: Retrying, reason: "sink unavailable: tablet is locked", wait: true, keepReplica: true}},
+			decision{state: Retrying, reason: "sink unavailable: tablet is locked", wait: true, keepReplica: true, byPolicy: true}},
 		// A sink that cannot take the data fails the tablet whatever the
 		// replica: a poison record does not walk the replicas.
 		{"sink failed", outcome{end: runSinkFailed, message: "jsonl: bad record"}, three,

@@ -126,6 +126,39 @@ func TestTabletSinkErrorsAreNotCountedAgainstTheReplica(t *testing.T) {
 	require.Equal(t, 4, runs)
 }
 
+// TestTabletWaitsForAnUnavailableSinkByTheStreamsRetryPolicy: the runs
+// after a sink-unavailable end start the retry policy's intervals apart
+// (initialInterval, times backoffCoefficient, up to maximumInterval), and
+// its maximumAttempts never ends the waiting.
+func TestTabletWaitsForAnUnavailableSinkByTheStreamsRetryPolicy(t *testing.T) {
+	env := newEnv(t)
+	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+	cfg := mustConfig(t)
+	one := int32(1)
+	cfg.Retry = config.Retry{InitialInterval: config.Duration(3 * time.Second), BackoffCoefficient: 3,
+		MaximumInterval: config.Duration(20 * time.Second), MaximumAttempts: &one}
+	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 3}, nil)
+	var starts []time.Time
+	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
+			starts = append(starts, env.Now())
+			if len(starts) <= 5 {
+				return activities.GetChangesResult{}, nonRetryable(activities.ErrSinkUnavailable, "connect: connection refused")
+			}
+			return activities.GetChangesResult{}, nonRetryable(activities.ErrSinkFailed, "jsonl: bad record")
+		})
+	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: cfg, Tablets: 1}, (*TabletState)(nil))
+
+	require.NoError(t, env.GetWorkflowError())
+	require.Len(t, starts, 6, "five sink-unavailable runs are waited out, more than maximumAttempts")
+	var gaps []time.Duration
+	for i := 1; i < len(starts); i++ {
+		gaps = append(gaps, starts[i].Sub(starts[i-1]).Round(time.Second))
+	}
+	require.Equal(t, []time.Duration{3 * time.Second, 9 * time.Second, 20 * time.Second, 20 * time.Second, 20 * time.Second}, gaps)
+}
+
 // nonRetryable is the error GetChanges returns for a typed outcome.
 func nonRetryable(typ, msg string) error {
 	return temporalNonRetryable(msg, typ, activities.ErrorDetails{Reason: typ})

@@ -9,6 +9,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/config"
 )
 
 // Backoff between attempts that are not the activity's own retries
@@ -17,6 +18,27 @@ const (
 	minBackoff = time.Second
 	maxBackoff = 30 * time.Second
 )
+
+// policyBackoff is the wait after prev (0: the first) by a retry
+// policy's intervals: initialInterval, then times backoffCoefficient, up
+// to maximumInterval. A timer's length is not part of the command
+// sequence (a replay matches timers by ID), so this needs no version.
+func policyBackoff(prev time.Duration, r config.Retry) time.Duration {
+	initial, limit, coef := r.InitialInterval.D(), r.MaximumInterval.D(), r.BackoffCoefficient
+	if initial <= 0 {
+		initial = minBackoff
+	}
+	if coef < 1 {
+		coef = 2
+	}
+	if limit < initial {
+		limit = max(initial, maxBackoff)
+	}
+	if prev <= 0 {
+		return initial
+	}
+	return min(max(time.Duration(float64(prev)*coef), initial), limit)
+}
 
 // errStreamGone: the stream workflow is closed; the tablet stops itself.
 var errStreamGone = errors.New("stream workflow is closed")
@@ -142,7 +164,7 @@ func (t *tablet) run(ctx workflow.Context) error {
 				if errors.Is(err, errStreamGone) {
 					return err
 				}
-				if err := t.wait(ctx); err != nil {
+				if err := t.wait(ctx, false); err != nil {
 					return err
 				}
 				continue
@@ -259,10 +281,15 @@ func (t *tablet) badSignal(ctx workflow.Context, name string, err error) {
 	workflow.GetLogger(ctx).Warn("signal ignored: its payload does not decode", "signal", name, "error", err)
 }
 
-// wait backs off between runs, doubling up to maxBackoff; an operator
+// wait backs off between runs, doubling up to maxBackoff, or byPolicy by
+// the stream's retry policy's intervals (policyBackoff); an operator
 // command (an exclusion lifted, pause, stop) ends it early.
-func (t *tablet) wait(ctx workflow.Context) error {
-	t.backoff = min(max(2*t.backoff, minBackoff), maxBackoff)
+func (t *tablet) wait(ctx workflow.Context, byPolicy bool) error {
+	if byPolicy {
+		t.backoff = policyBackoff(t.backoff, t.in.Config.Retry)
+	} else {
+		t.backoff = min(max(2*t.backoff, minBackoff), maxBackoff)
+	}
 	timer := workflow.NewTimer(ctx, t.backoff)
 	sel := workflow.NewSelector(ctx)
 	sel.AddFuture(timer, func(workflow.Future) {})

@@ -181,7 +181,7 @@ func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome
 		t.exclude(ctx, sel, d.exclude, workflow.Now(ctx))
 	}
 	if d.wait {
-		return false, t.wait(ctx)
+		return false, t.wait(ctx, d.byPolicy)
 	}
 	return false, nil
 }
