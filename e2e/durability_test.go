@@ -575,6 +575,59 @@ func TestStreamTakesCommandsWhileTheTopologyIsDown(t *testing.T) {
 	e.recordHistory(workflows.TabletWorkflowID(stream, moved), "", "tablet-durable-topology-down")
 }
 
+// TestStreamStartedWhileTheSourceIsDownTakesAStopAndStartsOnceItIsUp: a
+// stream cannot make its source-side stream while the source is down (its
+// topology service refuses every call), yet its loop runs: a second
+// stream takes a stop and completes during the outage, the first says in
+// its status since when the source-side stream cannot be made, and once
+// the source is back its tablets start and deliver exactly.
+func TestStreamStartedWhileTheSourceIsDownTakesAStopAndStartsOnceItIsUp(t *testing.T) {
+	e := newEnv(t, "--tablets", "4", "--rate", "200")
+	e.startWorker()
+	// Longer than one try at making the source-side stream (a minute), so
+	// that the status shows the trouble before the source comes back.
+	const outage = 75 * time.Second
+	e.fault(&sourcepb.FaultRequest{TopologyDown: true, Duration: durationpb.New(outage)})
+	downAt := time.Now()
+	upAt := downAt.Add(outage)
+	out := filepath.Join(e.dir, "out")
+	const stream, stopped = "srcdown", "srcdown-stop"
+	e.startStream(stream, e.config(out, map[string]any{"topologyRefresh": "2s"}))
+	e.startStream(stopped, e.config(filepath.Join(e.dir, "out-stop"), nil))
+
+	e.eventually("the second stream's source-side stream is being retried", 30*time.Second, func() (bool, string) {
+		for _, a := range e.describe(stopped, "").PendingActivities {
+			if a.GetActivityType().GetName() == "EnsureStream" && a.GetAttempt() >= 2 {
+				return true, ""
+			}
+		}
+		return false, "no EnsureStream retrying"
+	})
+	e.signal(stopped, "stop", `{}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, e.temporal.GetWorkflow(ctx, stopped, "").Get(ctx, nil), "the stop ends the stream while the source is down")
+	require.True(t, time.Now().Before(upAt), "stopped during the outage")
+
+	st := e.waitStatus(stream, "the status says the source-side stream cannot be made", time.Until(upAt), func(st workflows.StreamStatus) (bool, string) {
+		return st.Topology != nil && strings.Contains(st.Topology.Error, "create the source-side stream"), fmt.Sprintf("topology %+v", st.Topology)
+	})
+	require.True(t, time.Now().Before(upAt), "shown during the outage")
+	require.WithinRange(t, st.Topology.Since, downAt, time.Now(), "since the outage")
+	require.Empty(t, st.Tablets, "no tablet before the source-side stream exists")
+
+	st = e.waitStatus(stream, "after the outage: every tablet streaming, the trouble cleared", time.Until(upAt)+90*time.Second, func(st workflows.StreamStatus) (bool, string) {
+		ok, why := allStreaming(4)(st)
+		return ok && st.Topology == nil, why + fmt.Sprintf(" topology=%+v", st.Topology)
+	})
+	e.workload(sourcepb.WorkloadRequest_STOP)
+	e.requireExact(stream, out, 2*time.Minute)
+	e.signal(stream, "stop", `{}`)
+	require.NoError(t, e.temporal.GetWorkflow(context.Background(), stream, "").Get(context.Background(), nil), "the stream completes")
+	e.recordHistory(stopped, "", "stream-ensure-beside-stopped")
+	e.recordHistory(stream, "", "stream-ensure-beside-started")
+}
+
 // runWith returns the run of workflow id holding the nth event (counted
 // across runs, oldest first) that match holds for.
 func (e *env) runWith(id string, nth int, match func(*historypb.HistoryEvent) bool) string {

@@ -527,15 +527,21 @@ func TestStreamSaysWhenATabletsWorkflowTaskKeepsFailing(t *testing.T) {
 	env.RegisterDelayedCallback(func() {
 		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Seq: 1, Updated: env.Now()})
 	}, 5*time.Second)
-	var st StreamStatus
-	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 15*time.Second)
+	var st, fixed StreamStatus
+	env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env) }, 15*time.Second)
+	env.RegisterDelayedCallback(func() {
+		// A fixed worker ran the task: the tablet reports again.
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Seq: 2, Updated: env.Now()})
+	}, 16*time.Second)
+	env.RegisterDelayedCallback(func() { fixed = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 17*time.Second)
 	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
 
 	// A stuck tablet workflow is running: nothing to restart, but its row
-	// no longer looks healthy.
+	// no longer looks healthy (changeStuckState).
 	require.Len(t, r.starts, 1)
-	require.Equal(t, Streaming, st.Tablets[0].State)
+	require.Equal(t, Stuck, st.Tablets[0].State)
 	require.Contains(t, st.Tablets[0].Reason, "workflow task keeps failing (attempt 7)")
+	require.Equal(t, Streaming, fixed.Tablets[0].State, "its next report says how it is again")
 }
 
 // The stream keeps its operator exclude list in its memo, from its first

@@ -62,6 +62,17 @@ var recorded = map[string]recording{
 	// other signals updates its memo before it completes (from
 	// e2e.TestStoppedStreamMemoCountsEveryTabletStopped).
 	"stream-final-memo-stopped.json": {"memostop", "5a1d2f5fc0069c97a66a4ce0d7c9f36e303eafbd1a7795f6c127515123e09df0"},
+	// changeEnsureBeside: the source-side stream made by the first
+	// topology read, beside the selector (from
+	// e2e.TestStreamStartedWhileTheSourceIsDownTakesAStopAndStartsOnceItIsUp):
+	// a stream stopped while it could not be made, and one started once
+	// the source came back.
+	"stream-ensure-beside-stopped.json": {"srcdown-stop", "b9b7a838e1d6a7ba073af9bb2e4d5d51d93a72590d3fa9dd704c3074ae3a0315"},
+	"stream-ensure-beside-started.json": {"srcdown", "19383c9f79907b7510eb9b28ccea913af7b85d582e0f53c2e02130dc5171854b"},
+	// changeStuckState: a tablet whose workflow task kept failing shown
+	// Stuck, then restarted once terminated (from
+	// e2e.TestStuckTabletIsShownStuckAndRestartedOnceTerminated).
+	"stream-stuck-state.json": {"stuck", "ed589f8131a6eb97ccc256e9010950cbf936dc22ce6b98ee60a2ceda6ef8be88"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

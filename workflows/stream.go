@@ -78,8 +78,14 @@ type stream struct {
 	// not after every report (changeMemoPerTask).
 	memoPerTask bool
 	memoSet     bool
-	reports     workflow.ReceiveChannel
-	signals     map[string]workflow.ReceiveChannel
+	// ensureBeside: the source-side stream is created by the topology
+	// read, beside the selector (changeEnsureBeside); fatal is an error
+	// of that creation that no retry mends (the stream fails with it, as
+	// it did when the creation came before the loop).
+	ensureBeside bool
+	fatal        error
+	reports      workflow.ReceiveChannel
+	signals      map[string]workflow.ReceiveChannel
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.
@@ -121,7 +127,10 @@ func (s *stream) run(ctx workflow.Context) error {
 			NonRetryableErrorTypes: activities.NonRetryable,
 		},
 	})
-	if !s.st.SourceStream {
+	if !s.st.SourceStream && s.durable() && workflow.GetVersion(ctx, changeEnsureBeside, workflow.DefaultVersion, 1) >= 1 {
+		// The loop's first topology read creates it (readTopology).
+		s.ensureBeside = true
+	} else if !s.st.SourceStream {
 		ensure := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
 			StartToCloseTimeout: time.Minute, Summary: "create the source-side stream " + s.id,
 			RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
@@ -194,7 +203,13 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 		if err := ctx.Err(); err != nil {
 			return temporal.NewCanceledError("stream cancelled")
 		}
-		if s.st.Stop != nil && len(s.live()) == 0 {
+		if s.fatal != nil {
+			return s.fatal
+		}
+		// A stop that drops the source-side stream waits for a creation
+		// still under way, so that it drops what that creation made.
+		creating := s.ensureBeside && !s.st.SourceStream && next == nil
+		if s.st.Stop != nil && len(s.live()) == 0 && !(creating && s.st.Stop.DropSourceStream) {
 			return s.finish(ctx, actx)
 		}
 		if s.deferred || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
@@ -570,7 +585,7 @@ func (s *stream) details(ctx workflow.Context) {
 
 // memoStates are the states the memo counts, in the order the details
 // name them.
-var memoStates = []State{Streaming, Retrying, NoEligibleReplica, Paused, Starting, Split, Expired, Failed, Stopped}
+var memoStates = []State{Streaming, Retrying, NoEligibleReplica, Stuck, Paused, Starting, Split, Expired, Failed, Stopped}
 
 // memoValues returns what the memo should hold now: the count of tablets
 // in each state (states with none left out) and the operator exclude list

@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -19,6 +20,10 @@ import (
 const (
 	topologyBound = 20 * time.Second
 	topologyRetry = 10 * time.Second
+	// ensureBound bounds one try at creating the source-side stream
+	// (changeEnsureBeside): a PostgreSQL slot on a standby can take many
+	// seconds to make.
+	ensureBound = time.Minute
 )
 
 // maxChildrenPerRun bounds the tablet workflows one stream run starts. A
@@ -37,6 +42,9 @@ type topologyRead struct {
 	// closed are the tablets whose workflows were found not running.
 	closed   []activities.ClosedTablet
 	checkErr error
+	// ensured is the source-side stream this read created first
+	// (changeEnsureBeside); nil when it was not asked to, or failed (err).
+	ensured *source.Stream
 }
 
 // readTopology lists the tablets and checks which tablet workflows have
@@ -46,6 +54,21 @@ func (s *stream) readTopology(ctx, actx workflow.Context, out workflow.Channel) 
 	workflow.Go(ctx, func(gctx workflow.Context) {
 		var a *activities.Activities
 		var r topologyRead
+		if s.ensureBeside && !s.st.SourceStream {
+			ectx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
+				StartToCloseTimeout: time.Minute, ScheduleToCloseTimeout: ensureBound, Summary: "create the source-side stream " + s.id,
+				RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
+			})
+			var info source.Stream
+			if err := workflow.ExecuteActivity(ectx, a.EnsureStream, activities.EnsureStreamInput{
+				Stream: s.id, Source: s.cfg.Source, StartFrom: s.cfg.StartFrom,
+			}).Get(gctx, &info); err != nil {
+				r.err = err
+				out.Send(gctx, r)
+				return
+			}
+			r.ensured = &info
+		}
 		lctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
 			StartToCloseTimeout: 10 * time.Second, ScheduleToCloseTimeout: topologyBound, Summary: "list tablets",
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
@@ -68,6 +91,15 @@ func (s *stream) readTopology(ctx, actx workflow.Context, out workflow.Channel) 
 	})
 }
 
+// unmendable reports whether err is a Fatal one (a source that refuses
+// the stream for good: bad tables, no permission), which fails a stream
+// whose source-side stream it kept from being created. Anything else (a
+// replica down, a timeout) is tried again.
+func unmendable(err error) bool {
+	var app *temporal.ApplicationError
+	return errors.As(err, &app) && app.Type() == activities.ErrFatal
+}
+
 // running returns the tablets the stream believes have a running
 // workflow.
 func (s *stream) running() []activities.TabletRef {
@@ -80,11 +112,22 @@ func (s *stream) running() []activities.TabletRef {
 
 // onTopology applies a topology read and returns when to read again.
 func (s *stream) onTopology(ctx workflow.Context, r topologyRead) time.Duration {
+	if r.ensured != nil {
+		s.st.SourceStream = true
+		s.st.Retention = r.ensured.Retention
+	}
+	if r.err != nil && !s.st.SourceStream && unmendable(r.err) {
+		s.fatal = r.err
+	}
 	if r.err != nil {
 		if s.st.Topology == nil {
 			s.st.Topology = &TopologyTrouble{Since: workflow.Now(ctx)}
 		}
-		s.st.Topology.Error = clip(errorMessage(r.err, s.signalHandling))
+		msg := errorMessage(r.err, s.signalHandling)
+		if !s.st.SourceStream {
+			msg = "create the source-side stream: " + msg
+		}
+		s.st.Topology.Error = clip(msg)
 		s.log.Warn("list tablets failed; the stream goes on and tries again", "error", r.err, "since", s.st.Topology.Since)
 		return min(s.cfg.TopologyRefresh.D(), topologyRetry)
 	}
@@ -200,6 +243,11 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 			// row, so it does not look healthy.
 			prev.Reason = fmt.Sprintf("its workflow task keeps failing (attempt %d): a bug in the worker or a non-determinism after an upgrade; "+
 				"fix the worker, or terminate the tablet workflow to have it restarted from its checkpoint", c.TaskAttempts)
+			if prev.State != Stuck && workflow.GetVersion(ctx, changeStuckState, workflow.DefaultVersion, 1) >= 1 {
+				// Its next report (once a fixed worker runs its task) says
+				// how it is again.
+				prev.State, prev.Updated = Stuck, workflow.Now(ctx)
+			}
 			continue
 		}
 		var final *TabletStatus

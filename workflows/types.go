@@ -37,6 +37,10 @@ const (
 	Split             State = "Split"
 	Expired           State = "Expired"
 	Failed            State = "Failed"
+	// Stuck: the tablet's workflow runs but its workflow task keeps
+	// failing (a panic, a non-determinism after an upgrade); set by the
+	// stream (changeStuckState), which the tablet cannot tell itself.
+	Stuck State = "Stuck"
 )
 
 // Search attributes (Keyword), kept current so the Web UI can list, say,

@@ -76,4 +76,18 @@ const (
 	// command that the run then handled on its way out, and a stopped
 	// stream's memo showed its tablets as they were before the stop.
 	changeFinalMemo = "final-memo"
+
+	// changeEnsureBeside: a stream's first run creates its source-side
+	// stream beside its selector, as the first step of its first topology
+	// read (bounded by ensureBound, then tried again), instead of before
+	// its loop: a source unreachable when the stream starts no longer
+	// holds back stop, exclude or continue-as-new, and the status says
+	// since when the source-side stream cannot be created.
+	changeEnsureBeside = "ensure-beside"
+
+	// changeStuckState: a tablet whose workflow task keeps failing is
+	// Stuck in the stream's status and memo, not left in the state it
+	// last reported (Streaming, most often): a filter on the state finds
+	// it. Asked for only when such a tablet is found.
+	changeStuckState = "stuck-state"
 )
