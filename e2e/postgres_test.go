@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/postgres"
@@ -140,6 +141,19 @@ func (p *pgEnv) requireShardsExact(out string, within time.Duration, only ...str
 	p.requireOrdered(out)
 }
 
+// retryBackoffs is what a retry policy waits in all between its attempts
+// on one replica: the intervals before attempts 2 to maximumAttempts, each
+// the one before times backoffCoefficient, capped at maximumInterval.
+func retryBackoffs(r config.Retry) time.Duration {
+	var sum time.Duration
+	next := r.InitialInterval.D()
+	for i := int32(1); i < r.Attempts(); i++ {
+		sum += min(next, r.MaximumInterval.D())
+		next = time.Duration(float64(next) * r.BackoffCoefficient)
+	}
+	return sum
+}
+
 // replicaOf is the replica a tablet reads from, per the stream's status.
 func replicaOf(st workflows.StreamStatus, tablet string) string {
 	return tabletStatus(st, tablet).Replica
@@ -150,7 +164,11 @@ func TestPostgresStreamFromStandbysIsExactThroughAKillAnExclusionAndAStandbyDown
 	worker := p.startWorker()
 	out := filepath.Join(p.dir, "out")
 	const stream = "pg"
-	p.startStream(stream, p.config(out, map[string]any{"topologyRefresh": "2s"}))
+	raw := p.config(out, map[string]any{"topologyRefresh": "2s"})
+	cfg, err := config.Decode(raw)
+	require.NoError(t, err)
+	require.Positive(t, cfg.Retry.Attempts(), "the test's policy gives up on a replica")
+	p.startStream(stream, raw)
 
 	// Streaming from standbys (REPLICA before PRIMARY by default).
 	st := p.waitStatus(stream, "every shard streaming from a standby", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
@@ -171,7 +189,7 @@ func TestPostgresStreamFromStandbysIsExactThroughAKillAnExclusionAndAStandbyDown
 
 	// An operator excludes the standby s1 reads from: reads move within
 	// seconds.
-	st, err := p.status(stream)
+	st, err = p.status(stream)
 	require.NoError(t, err)
 	excluded := replicaOf(st, "s1")
 	p.signal(stream, "exclude", fmt.Sprintf(`{"aliases": [%q], "reason": "maintenance"}`, excluded))
@@ -183,17 +201,23 @@ func TestPostgresStreamFromStandbysIsExactThroughAKillAnExclusionAndAStandbyDown
 	t.Logf("exclude of %s: s1 moved in %v", excluded, time.Since(began).Round(time.Millisecond))
 
 	// The standby s2 reads from goes down: s2 moves to another replica
-	// within its retry policy; the standby comes back and serves again.
+	// within its retry policy — at worst every backoff up to
+	// maximumAttempts on the stopped standby, then a topology refresh
+	// before the picker sees it down — plus a margin of 10 s for the trips
+	// through the dev server (the failed attempts, the re-selection, the
+	// new run, the tablet's report to the stream) on a 2-core machine the
+	// servers and the worker share. The standby comes back and serves again.
 	st, err = p.status(stream)
 	require.NoError(t, err)
 	down := replicaOf(st, "s2")
 	require.NoError(t, p.node(down).Stop())
 	began = time.Now()
-	p.waitStatus(stream, "s2 off the stopped standby", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+	within := retryBackoffs(cfg.Retry) + cfg.TopologyRefresh.D() + 10*time.Second
+	p.waitStatus(stream, "s2 off the stopped standby", within, func(st workflows.StreamStatus) (bool, string) {
 		r := replicaOf(st, "s2")
 		return r != "" && r != down && tabletStatus(st, "s2").State == workflows.Streaming, summary(st)
 	})
-	t.Logf("%s down: s2 moved in %v", down, time.Since(began).Round(time.Millisecond))
+	t.Logf("%s down: s2 moved in %v (bound %v)", down, time.Since(began).Round(time.Millisecond), within)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	require.NoError(t, p.node(down).Start(ctx))

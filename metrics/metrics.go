@@ -69,7 +69,9 @@ func New(reg prometheus.Registerer) *Metrics {
 // live stream is judged by), and reach a minute.
 var commitLagBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 60}
 
-// SlotStats records a slot's lag and headroom in bytes.
+// SlotStats records a slot's lag and headroom in bytes; a negative safe
+// (the server sets no limit) removes the tablet's headroom, so that none
+// from an earlier limit stays behind.
 func (m *Metrics) SlotStats(stream, tablet string, lag, safe int64) {
 	if m == nil {
 		return
@@ -77,6 +79,8 @@ func (m *Metrics) SlotStats(stream, tablet string, lag, safe int64) {
 	m.Slot.WithLabelValues(stream, tablet).Set(float64(lag))
 	if safe >= 0 {
 		m.SlotSafe.WithLabelValues(stream, tablet).Set(float64(safe))
+	} else {
+		m.SlotSafe.DeleteLabelValues(stream, tablet)
 	}
 }
 

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -26,6 +27,9 @@ var (
 	// PostgreSQL would silently skip to it, so the replica cannot serve
 	// this checkpoint (the analogue of Vitess's GTIDSet mismatch).
 	errSlotAhead = errors.New("replication slot is ahead of the checkpoint")
+	// errTimeline: the replica is on another timeline than the one the
+	// stream's checkpoints are on (see timelineError).
+	errTimeline = errors.New("replica is on another timeline than the stream's checkpoints")
 	// errNotVisible: a snapshot chunk's select waited in vain for commits
 	// the change log had delivered to become visible (one waiting for a
 	// synchronous standby); not the replica's fault.
@@ -36,12 +40,31 @@ var (
 	errNoDSN = errors.New("DSN environment variable not set")
 )
 
+// timelineError: a replica's server is on another timeline than the one
+// recorded for the stream when it was made, which every checkpoint of the
+// stream is on. A promoted standby, or a server following one, has WAL of
+// its own past the timeline's fork, so an LSN of the stream's may mean
+// other changes there (or none): it cannot serve the stream's checkpoints,
+// whatever its slot says.
+type timelineError struct {
+	alias  string
+	server int32 // the replica's timeline (IDENTIFY_SYSTEM)
+	stream int32 // the stream's, as recorded on the primary
+}
+
+func (e *timelineError) Error() string {
+	return fmt.Sprintf("%v: %s is on timeline %d, the stream's checkpoints are on timeline %d", errTimeline, e.alias, e.server, e.stream)
+}
+
+func (e *timelineError) Unwrap() error { return errTimeline }
+
 // Classify maps an error from the adapter or from PostgreSQL to an action.
 // It reads the adapter's typed errors and SQLSTATE codes; a message text is
 // consulted only where one code covers cases that need different actions
 // (55000, 40001, 42704), as the research note's table lists:
 //
 //	slot ahead of the checkpoint                 → RetryElsewhere POSITION_MISMATCH
+//	replica on another timeline than the stream's → RetryElsewhere TIMELINE_MISMATCH
 //	slot missing, 42704 (slot)                   → RetryElsewhere SLOT_MISSING
 //	slot invalidated, 55000 "can no longer …",
 //	40001 "… slot that must be invalidated"      → RetryElsewhere SLOT_INVALIDATED
@@ -65,6 +88,8 @@ func Classify(err error) source.Classification {
 		return c(source.Expired, "HISTORY_GONE")
 	case errors.Is(err, errSlotAhead):
 		return c(source.RetryElsewhere, "POSITION_MISMATCH")
+	case errors.Is(err, errTimeline):
+		return c(source.RetryElsewhere, "TIMELINE_MISMATCH")
 	case errors.Is(err, errSlotMissing):
 		return c(source.RetryElsewhere, "SLOT_MISSING")
 	case errors.Is(err, errSlotInvalidated):

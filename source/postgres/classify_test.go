@@ -28,6 +28,11 @@ func TestClassifyBySQLStateAndTypedErrors(t *testing.T) {
 		{"slot missing (ours)", errSlotMissing, source.RetryElsewhere, "SLOT_MISSING"},
 		{"slot invalidated (ours)", errSlotInvalidated, source.RetryElsewhere, "SLOT_INVALIDATED"},
 		{"no replica can serve", fmt.Errorf("%w at 0/1: %w", errExpired, errSlotAhead), source.Expired, "HISTORY_GONE"},
+		// A promoted standby (or one following it): its LSNs past the fork
+		// are other WAL than the stream's checkpoints'.
+		{"replica on another timeline", fmt.Errorf("start: %w", &timelineError{alias: "zone2-s1a", server: 2, stream: 1}), source.RetryElsewhere, "TIMELINE_MISMATCH"},
+		// No replica left on the stream's timeline: expired, not "elsewhere".
+		{"no replica on the stream's timeline", fmt.Errorf("%w at 0/1 on timeline 1: %w", errExpired, &timelineError{alias: "zone2-s1a", server: 2, stream: 1}), source.Expired, "HISTORY_GONE"},
 		{"snapshot select waited in vain", fmt.Errorf("snapshot of public.items on zone1-s1p: %w: transactions [761]", errNotVisible), source.RetrySame, "COMMIT_NOT_VISIBLE"},
 		{"DSN variable not set", fmt.Errorf("x: %w", errNoDSN), source.Fatal, "NO_DSN"},
 		{"bad checkpoint", source.ErrBadCheckpoint, source.Fatal, "BAD_CHECKPOINT"},
@@ -67,4 +72,10 @@ func TestClassifyBySQLStateAndTypedErrors(t *testing.T) {
 		})
 	}
 	require.Zero(t, Classify(nil))
+}
+
+func TestTimelineErrorNamesBothTimelines(t *testing.T) {
+	err := &timelineError{alias: "zone2-s1a", server: 2, stream: 1}
+	require.ErrorIs(t, err, errTimeline)
+	require.Equal(t, "replica is on another timeline than the stream's checkpoints: zone2-s1a is on timeline 2, the stream's checkpoints are on timeline 1", err.Error())
 }

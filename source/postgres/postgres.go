@@ -12,7 +12,11 @@
 // advance (LSN, 0); reading resumes by START_REPLICATION at its Term, which
 // skips every transaction that committed before it. LSNs are shared by a
 // primary and its standbys, so a checkpoint read on one replica means the
-// same on another.
+// same on another — on one timeline: every checkpoint of a stream is on
+// the timeline its primary was on when the stream was made (recorded with
+// the stream, so the checkpoint's own form carries no timeline), and a
+// replica on another one (a standby promoted, or one following it) never
+// serves them.
 package postgres
 
 import (
@@ -213,7 +217,8 @@ func SlotName(stream, shard string) string {
 
 // streamMeta is what a stream keeps on each shard's primary, as the
 // publication's comment: where the stream starts the shard and on which
-// timeline it was created.
+// timeline it was created, the timeline of all its checkpoints (a reader
+// checks its server's against it).
 type streamMeta struct {
 	Start    pglogrepl.LSN `json:"start"`
 	Timeline int32         `json:"timeline"`

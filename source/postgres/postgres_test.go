@@ -123,8 +123,28 @@ func TestStreamFromAStandbyIsExactAndMovesToAnotherReplica(t *testing.T) {
 	defer postgres.SetAdvanceEvery(time.Hour)()
 	standby := b.cfg.Shards[0].Replicas[1].Alias
 	rd := b.reader(t, standby)
-	first, c1 := read(t, rd, stream, start, 1)
-	more, mid := read(t, rd, stream, c1, 300)
+	// Two batches read, the first committed (acked) while the second is
+	// being written, as in a group commit: the slots not being read are
+	// advanced to the committed checkpoint c1, never past it to c2.
+	get := func(from source.Checkpoint) source.Batch {
+		batch, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: 50, MaxWait: 2 * time.Second})
+		require.NoError(t, err)
+		require.NotEmpty(t, batch.Records)
+		return batch
+	}
+	b1 := get(start)
+	b2 := get(b1.Checkpoint)
+	c1 := b1.Checkpoint
+	require.NoError(t, rd.Ack(ctx, stream, "s1", c1))
+	for _, n := range []*pgbed.Node{b.c.Shards[0].Primary, b.c.Shards[0].Standbys[1]} {
+		l, why := slotState(t, ctx, n, stream)
+		require.Empty(t, why, n.Name)
+		require.Equal(t, pglogrepl.LSN(c1.Term), l, "%s: the slot not read stands at the committed checkpoint (c2 %s read, not committed)",
+			n.Name, pglogrepl.LSN(b2.Checkpoint.Term))
+	}
+	require.NoError(t, rd.Ack(ctx, stream, "s1", b2.Checkpoint))
+	first := append(b1.Records, b2.Records...)
+	more, mid := read(t, rd, stream, b2.Checkpoint, 300)
 	first = append(first, more...)
 	// The standby's slot now stands at mid (once the server took in the
 	// ack): it cannot serve c1 any more (PostgreSQL would skip ahead
@@ -185,6 +205,54 @@ func TestNoReplicaHoldingTheCheckpointMeansExpired(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.reader(t, b.cfg.Shards[0].Replicas[1].Alias).GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: source.Checkpoint{Term: uint64(l)}, MaxRecords: 10, MaxWait: 200 * time.Millisecond})
 	require.NoError(t, err)
+}
+
+// A standby promoted (a failover's new timeline) never serves the stream's
+// checkpoints, though its slot could: past the fork its WAL is not the
+// stream's. The old primary, still on the stream's timeline, serves them;
+// with no replica left on it (a config that lists only the promoted
+// server) the tablet is Expired, and the error names the timelines.
+func TestAReplicaOnAnotherTimelineNeverServesTheStreamsCheckpoints(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx := ctxT(t, 2*time.Minute)
+	const stream = "tli"
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables})
+	require.NoError(t, err)
+	p, sb := b.c.Shards[0].Primary, b.c.Shards[0].Standbys[0]
+	primary, standby := b.cfg.Shards[0].Replicas[0].Alias, b.cfg.Shards[0].Replicas[1].Alias
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.items VALUES (1, 1, 'a', 1, 'one')`))
+	_, c1 := read(t, b.primaryReader(t), stream, st.Start["s1"], 1) // the standby's slot advanced to c1
+	require.NoError(t, b.c.WaitReplayed(ctx))
+	ask := func(src *postgres.Source, alias string) error {
+		rd, err := src.OpenReplica(ctx, source.Replica{Tablet: "s1", Alias: alias})
+		require.NoError(t, err)
+		defer rd.(*postgres.Reader).Close()
+		_, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: c1, MaxRecords: 10, MaxWait: 300 * time.Millisecond})
+		return err
+	}
+	require.NoError(t, ask(b.src, standby), "on the stream's timeline the standby serves c1")
+
+	var promoted bool
+	require.NoError(t, sb.QueryRow(ctx, `SELECT pg_promote()`).Scan(&promoted)) // waits for the promotion
+	require.True(t, promoted)
+	err = ask(b.src, standby)
+	require.Error(t, err, "the promoted standby does not serve the stream's checkpoint")
+	require.Equal(t, source.RetryElsewhere, b.src.Classify(err).Action, "%v", err)
+	require.Equal(t, "TIMELINE_MISMATCH", b.src.Classify(err).Reason)
+	require.Contains(t, err.Error(), standby+" is on timeline 2, the stream's checkpoints are on timeline 1")
+	require.NoError(t, ask(b.src, primary), "the old primary, on the stream's timeline, still serves c1")
+
+	// After the failover the config lists the promoted server alone.
+	after := config.Source{Kind: "postgres", Tables: pgbed.Tables, Shards: []config.Shard{{ID: "s1",
+		Replicas: []config.ShardReplica{{Alias: standby, Cell: "zone2", Type: "PRIMARY", DSNEnv: "S1_DSN"}}}}}
+	src, err := postgres.New(after, func(string) string { return sb.DSN() })
+	require.NoError(t, err)
+	defer src.Close()
+	err = ask(src, standby)
+	require.Error(t, err)
+	require.Equal(t, source.Expired, src.Classify(err).Action, "%v", err)
+	require.Contains(t, err.Error(), fmt.Sprintf("no replica of the shard can serve the checkpoint at %s on timeline 1 (the slots of %s on timeline 2)",
+		pglogrepl.LSN(c1.Term), standby))
 }
 
 func TestDeleteStreamDropsSlotsAndPublication(t *testing.T) {

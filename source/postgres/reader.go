@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -200,49 +201,25 @@ func (r *Reader) Close() error {
 	return nil
 }
 
-// start checks that the replica's slot can serve from, and starts
-// replication at it.
+// start checks that the replica can serve from (its timeline, then its
+// slot), and starts replication at it.
 func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoint) error {
-	name := SlotName(stream, r.sh.id)
-	row, err := r.rep.slot(ctx, name)
+	meta, err := r.meta(ctx, stream)
 	if err != nil {
 		return err
-	}
-	switch {
-	case !row.exists:
-		// Re-create it now: it serves once the checkpoint passes its start.
-		if _, err := r.src.ensureSlot(ctx, stream, r.sh, r.rep); err != nil {
-			return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s; re-creating it failed: %v)", errSlotMissing, r.rep.cfg.Alias, err))
-		}
-		return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s; re-created, usable once the checkpoint passes its start)", errSlotMissing, r.rep.cfg.Alias))
-	case row.invalidated != "":
-		// An invalidated slot never serves again: make a new one, which
-		// serves once the checkpoint passes its start.
-		cause := fmt.Errorf("%w (%s: %s)", errSlotInvalidated, r.rep.cfg.Alias, row.invalidated)
-		if err := r.src.recreateSlot(ctx, stream, r.sh, r.rep); err != nil {
-			cause = fmt.Errorf("%w; re-creating it failed: %v", cause, err)
-		}
-		return r.src.unservable(ctx, stream, r.sh, from, cause)
-	case !from.IsZero() && uint64(row.confirmed) > from.Term:
-		return r.src.unservable(ctx, stream, r.sh, from, fmt.Errorf("%w (%s: slot at %s, checkpoint at %s)",
-			errSlotAhead, r.rep.cfg.Alias, row.confirmed, pglogrepl.LSN(from.Term)))
-	case row.activePID != nil:
-		if err := r.freeSlot(ctx, name, stream); err != nil {
-			return err
-		}
-	}
-	if from.IsZero() {
-		from = source.Checkpoint{Term: uint64(row.confirmed)}
 	}
 	conn, err := r.rep.replConn(ctx, appName(stream, r.sh.id))
 	if err != nil {
 		return err
 	}
-	err = pglogrepl.StartReplication(ctx, conn, name, pglogrepl.LSN(from.Term), pglogrepl.StartReplicationOptions{
-		Mode: pglogrepl.LogicalReplication,
-		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(PublicationName(stream)),
-			"messages 'true'"},
-	})
+	from, err = r.servable(ctx, conn, stream, from, meta.Timeline)
+	if err == nil {
+		err = pglogrepl.StartReplication(ctx, conn, SlotName(stream, r.sh.id), pglogrepl.LSN(from.Term), pglogrepl.StartReplicationOptions{
+			Mode: pglogrepl.LogicalReplication,
+			PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(PublicationName(stream)),
+				"messages 'true'"},
+		})
+	}
 	if err != nil {
 		_ = conn.Close(context.Background())
 		return err
@@ -251,11 +228,71 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 	r.acked = pglogrepl.LSN(from.Term)
 	r.idle = 0
 	r.rels = map[uint32]*relation{}
-	if r.snap, err = r.openSnapshot(ctx, stream); err != nil {
+	if r.snap, err = r.openSnapshot(ctx, stream, meta); err != nil {
 		r.Close()
 		return err
 	}
 	return nil
+}
+
+// meta is the stream's record as the replica has it (the catalog is
+// replicated), or the primary's when the replica has not replayed it yet
+// (the primary writes it last, after every slot).
+func (r *Reader) meta(ctx context.Context, stream string) (streamMeta, error) {
+	meta, _, err := r.rep.readMeta(ctx, stream)
+	if primary := r.src.primary(r.sh); err == nil && meta.Start == 0 && r.rep != primary {
+		meta, _, err = primary.readMeta(ctx, stream)
+	}
+	return meta, err
+}
+
+// servable returns where to start the replica's slot for from (from
+// itself, or the slot's position for a zero from), or why the replica
+// cannot serve it: its server is on another timeline than the stream's
+// checkpoints (tli, the stream's; 0: not recorded, not checked), or its
+// slot is missing, invalidated or past from. conn is the replica's
+// replication connection, on which IDENTIFY_SYSTEM tells the server's
+// timeline (on a standby, the one it replays).
+func (r *Reader) servable(ctx context.Context, conn *pgconn.PgConn, stream string, from source.Checkpoint, tli int32) (source.Checkpoint, error) {
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return from, fmt.Errorf("identify system on %s: %w", r.rep.cfg.Alias, err)
+	}
+	if tli != 0 && sys.Timeline != tli {
+		return from, r.src.unservable(ctx, stream, r.sh, from, tli, &timelineError{alias: r.rep.cfg.Alias, server: sys.Timeline, stream: tli})
+	}
+	name := SlotName(stream, r.sh.id)
+	row, err := r.rep.slot(ctx, name)
+	if err != nil {
+		return from, err
+	}
+	switch {
+	case !row.exists:
+		// Re-create it now: it serves once the checkpoint passes its start.
+		if _, err := r.src.ensureSlot(ctx, stream, r.sh, r.rep); err != nil {
+			return from, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s; re-creating it failed: %v)", errSlotMissing, r.rep.cfg.Alias, err))
+		}
+		return from, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s; re-created, usable once the checkpoint passes its start)", errSlotMissing, r.rep.cfg.Alias))
+	case row.invalidated != "":
+		// An invalidated slot never serves again: make a new one, which
+		// serves once the checkpoint passes its start.
+		cause := fmt.Errorf("%w (%s: %s)", errSlotInvalidated, r.rep.cfg.Alias, row.invalidated)
+		if err := r.src.recreateSlot(ctx, stream, r.sh, r.rep); err != nil {
+			cause = fmt.Errorf("%w; re-creating it failed: %v", cause, err)
+		}
+		return from, r.src.unservable(ctx, stream, r.sh, from, tli, cause)
+	case !from.IsZero() && uint64(row.confirmed) > from.Term:
+		return from, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s: slot at %s, checkpoint at %s)",
+			errSlotAhead, r.rep.cfg.Alias, row.confirmed, pglogrepl.LSN(from.Term)))
+	case row.activePID != nil:
+		if err := r.freeSlot(ctx, name, stream); err != nil {
+			return from, err
+		}
+	}
+	if from.IsZero() {
+		from = source.Checkpoint{Term: uint64(row.confirmed)}
+	}
+	return from, nil
 }
 
 // appName names our replication sessions (pg_stat_replication's
@@ -291,20 +328,37 @@ func (r *Reader) freeSlot(ctx context.Context, name, stream string) error {
 }
 
 // unservable returns cause, or errExpired when every replica of the shard
-// answered and none can serve from (no slot, an invalidated one, or one
-// past the checkpoint): the history the tablet needs is gone.
-func (s *Source) unservable(ctx context.Context, stream string, sh *shard, from source.Checkpoint, cause error) error {
+// answered and none can serve from (no slot, an invalidated one, one past
+// the checkpoint, or a server on another timeline than tli, the stream's):
+// the history the tablet needs is gone. The error names the timeline.
+func (s *Source) unservable(ctx context.Context, stream string, sh *shard, from source.Checkpoint, tli int32, cause error) error {
 	name := SlotName(stream, sh.id)
+	var elsewhere []string // replicas whose slot could serve, on another timeline
 	for _, r := range sh.replicas {
 		row, err := r.slot(ctx, name)
 		if err != nil {
 			return cause // cannot tell: maybe that one can
 		}
-		if row.exists && row.invalidated == "" && (from.IsZero() || uint64(row.confirmed) <= from.Term) {
+		if !row.exists || row.invalidated != "" || !from.IsZero() && uint64(row.confirmed) > from.Term {
+			continue
+		}
+		if tli == 0 {
 			return cause
 		}
+		on, err := r.timeline(ctx)
+		if err != nil || on == tli {
+			return cause
+		}
+		elsewhere = append(elsewhere, fmt.Sprintf("%s on timeline %d", r.cfg.Alias, on))
 	}
-	return fmt.Errorf("%w at %s: %w", errExpired, pglogrepl.LSN(from.Term), cause)
+	at := pglogrepl.LSN(from.Term).String()
+	if tli != 0 {
+		at += fmt.Sprintf(" on timeline %d", tli)
+	}
+	if len(elsewhere) > 0 {
+		at += " (the slots of " + strings.Join(elsewhere, ", ") + ")"
+	}
+	return fmt.Errorf("%w at %s: %w", errExpired, at, cause)
 }
 
 // receive handles one message from the server, waiting for it until

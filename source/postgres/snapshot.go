@@ -197,21 +197,15 @@ func ensureProgressTable(ctx context.Context, r *replica) error {
 }
 
 // openSnapshot resumes (or begins) a shard's copy: after the last acked
-// chunk. It returns nil when the stream has no snapshot or its copy is
-// complete.
-func (r *Reader) openSnapshot(ctx context.Context, stream string) (*snapshot, error) {
-	primary := r.src.primary(r.sh)
-	meta, _, err := r.rep.readMeta(ctx, stream)
-	if err == nil && meta.Start == 0 && r.rep != primary {
-		// A standby that has not replayed the stream's record yet (the
-		// primary writes it last) cannot tell whether the stream begins
-		// with a copy; read as if not, it would skip the copy for good.
-		meta, _, err = primary.readMeta(ctx, stream)
+// chunk. It returns nil when the stream has no snapshot (meta, the
+// stream's record, as Reader.meta reads it: a standby that has not
+// replayed the record yet asks the primary, or it would take the stream
+// for one without a copy and skip it for good) or its copy is complete.
+func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMeta) (*snapshot, error) {
+	if !meta.Snapshot {
+		return nil, nil
 	}
-	if err != nil || !meta.Snapshot {
-		return nil, err
-	}
-	prim, err := primary.poolOf()
+	prim, err := r.src.primary(r.sh).poolOf()
 	if err != nil {
 		return nil, err
 	}
