@@ -78,6 +78,10 @@ type sourceKey struct {
 
 type sinkKey struct {
 	kind, path, dsnEnv, schema, mode, stream string
+	// tables is the postgres sink's sink.tables as JSON (map keys sorted):
+	// a stream started again with other given tables gets a sink of its
+	// own.
+	tables string
 }
 
 // NewResources returns an empty cache.
@@ -118,6 +122,10 @@ func (r *Resources) Source(cfg config.Source) (source.Source, error) {
 // Sink returns the shared sink of a stream.
 func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
 	key := sinkKey{kind: cfg.Kind, path: filepath.Clean(cfg.Path), dsnEnv: cfg.DSNEnv, schema: cfg.Schema, mode: cfg.Mode, stream: stream}
+	if len(cfg.Tables) > 0 {
+		b, _ := json.Marshal(cfg.Tables)
+		key.tables = string(b)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.sinks[key]; s != nil {

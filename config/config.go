@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"reflect"
 	"regexp"
@@ -84,6 +85,12 @@ type Sink struct {
 	Mode string `json:"mode,omitempty"`
 	// Schema of the postgres sink's tables.
 	Schema string `json:"schema,omitempty"`
+	// Tables maps a source table ("public.orders"; tabletd's "orders") to
+	// an existing table of the sink's database ("app.orders") that apply
+	// mode writes its rows into, instead of a mirror table it makes: the
+	// table's own column types and primary key, each value cast from the
+	// record's JSON. Tables not listed get mirror tables in Schema.
+	Tables map[string]string `json:"tables,omitempty"`
 }
 
 // Selection steers the tablet picker.
@@ -382,7 +389,16 @@ var (
 	tableRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$`)
 	shardRe  = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
 	identRe  = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+	// sourceTableRe: a source's table name, with or without its schema.
+	sourceTableRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
+	// sinkTableRe: a table of the sink's database, schema.table, each of
+	// identRe (PostgreSQL's unquoted, lower-case form).
+	sinkTableRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}\.[a-z_][a-z0-9_]{0,62}$`)
 )
+
+// MaxSinkTables bounds sink.tables (the config rides in every workflow's
+// history).
+const MaxSinkTables = 1000
 
 // Validate checks every field; Defaults must have run.
 func (s *Stream) Validate() error {
@@ -396,6 +412,8 @@ func (s *Stream) Validate() error {
 			return fieldErr("sink.path", "must not be empty for the jsonl sink")
 		case s.Sink.Mode != "" || s.Sink.Schema != "":
 			return fieldErr("sink.mode", "mode and schema are for the postgres sink")
+		case s.Sink.Tables != nil:
+			return fieldErr("sink.tables", "for the postgres sink in apply mode")
 		}
 	case "postgres":
 		switch {
@@ -407,6 +425,9 @@ func (s *Stream) Validate() error {
 			return fieldErr("sink.mode", "%q: want \"changelog\" or \"apply\"", s.Sink.Mode)
 		case !identRe.MatchString(s.Sink.Schema):
 			return fieldErr("sink.schema", "%q: want 1 to 63 of a-z, 0-9, _, not starting with a digit", s.Sink.Schema)
+		}
+		if err := s.Sink.validateTables(); err != nil {
+			return err
 		}
 	default:
 		return fieldErr("sink.kind", "%q: want \"jsonl\" or \"postgres\"", s.Sink.Kind)
@@ -435,6 +456,41 @@ func (s *Stream) Validate() error {
 		if err := e.Validate(fmt.Sprintf("exclude[%d]", i)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// validateTables checks a postgres sink's given tables: apply mode only,
+// each source table (with or without its schema) to a schema.table of
+// the sink's database, no two to the same one, none the sink's own
+// tables. Keys are checked in sorted order, so the first error is always
+// the same.
+func (snk Sink) validateTables() error {
+	if snk.Tables == nil {
+		return nil
+	}
+	switch {
+	case snk.Mode != "apply":
+		return fieldErr("sink.tables", "only for mode \"apply\" (changelog mode writes every record to %s.changes)", snk.Schema)
+	case len(snk.Tables) == 0:
+		return fieldErr("sink.tables", "empty: leave it out, or map a source table to a table of the sink's database")
+	case len(snk.Tables) > MaxSinkTables:
+		return fieldErr("sink.tables", "%d tables: at most %d", len(snk.Tables), MaxSinkTables)
+	}
+	targets := map[string]string{}
+	for _, src := range slices.Sorted(maps.Keys(snk.Tables)) {
+		f, dst := fmt.Sprintf("sink.tables[%q]", src), snk.Tables[src]
+		switch {
+		case !sourceTableRe.MatchString(src):
+			return fieldErr(f, "%q is not a source table: want table or schema.table (letters, digits, _)", src)
+		case !sinkTableRe.MatchString(dst):
+			return fieldErr(f, "%q: want schema.table of the sink's database, each 1 to 63 of a-z, 0-9, _, not starting with a digit", dst)
+		case dst == snk.Schema+".changes" || dst == snk.Schema+".checkpoints":
+			return fieldErr(f, "%q is one of the sink's own tables", dst)
+		case targets[dst] != "":
+			return fieldErr(f, "%q is also the table of %s: one source table per table", dst, targets[dst])
+		}
+		targets[dst] = f
 	}
 	return nil
 }

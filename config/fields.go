@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 )
@@ -29,6 +31,16 @@ func walkFields(v any, t reflect.Type, path string) error {
 	switch val := v.(type) {
 	case map[string]any:
 		if t.Kind() == reflect.Map {
+			if t.Elem().Kind() != reflect.String {
+				return nil
+			}
+			// A map of strings (sink.tables): each value's path names its
+			// key, in sorted order so the first error is always the same.
+			for _, key := range slices.Sorted(maps.Keys(val)) {
+				if err := walkFields(val[key], t.Elem(), fmt.Sprintf("%s[%q]", path, key)); err != nil {
+					return err
+				}
+			}
 			return nil
 		}
 		if t.Kind() != reflect.Struct {

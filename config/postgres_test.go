@@ -100,3 +100,40 @@ func TestDecodeAPostgresSinkFillsDefaultsAndRejectsWhatDoesNotFit(t *testing.T) 
 		})
 	}
 }
+
+func TestDecodeAPostgresSinksGivenTablesNamingTheFieldAtFault(t *testing.T) {
+	src := `"source": {"kind": "tabletd", "address": "h:1", "keyspace": "k"}`
+	apply := func(tables string) string {
+		return `{` + src + `, "sink": {"kind": "postgres", "dsnEnv": "D", "mode": "apply", "tables": ` + tables + `}}`
+	}
+	got, err := Decode([]byte(apply(`{"public.orders": "app.orders", "items": "app.items"}`)))
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"public.orders": "app.orders", "items": "app.items"}, got.Sink.Tables)
+
+	for _, tt := range []struct{ name, in, wantPrefix string }{
+		// Changelog mode writes every record to one change table.
+		{"changelog mode", `{` + src + `, "sink": {"kind": "postgres", "dsnEnv": "D", "tables": {"public.a": "app.a"}}}`,
+			`sink.tables: only for mode "apply"`},
+		{"jsonl sink", `{` + src + `, "sink": {"kind": "jsonl", "path": "/x", "tables": {"public.a": "app.a"}}}`,
+			"sink.tables: for the postgres sink in apply mode"},
+		{"empty", apply(`{}`), "sink.tables: empty"},
+		{"not an object", apply(`["app.a"]`), "sink.tables: wrong type: got JSON array"},
+		{"target not a string", apply(`{"public.a": "app.a", "public.b": 1}`), `sink.tables["public.b"]: wrong type: got JSON number, want string`},
+		// A target without its schema would depend on the role's search_path.
+		{"target without schema", apply(`{"public.a": "a"}`), `sink.tables["public.a"]: "a": want schema.table`},
+		{"target in capitals", apply(`{"public.a": "App.a"}`), `sink.tables["public.a"]: "App.a": want schema.table`},
+		{"target quoted", apply(`{"public.a": "\"app\".a"}`), `sink.tables["public.a"]: "\"app\".a": want schema.table`},
+		{"source with two dots", apply(`{"db.public.a": "app.a"}`), `sink.tables["db.public.a"]: "db.public.a" is not a source table`},
+		{"source empty", apply(`{"": "app.a"}`), `sink.tables[""]: "" is not a source table`},
+		// Two source tables in one table: their keys could collide.
+		{"one target twice", apply(`{"public.a": "app.x", "public.b": "app.x"}`), `sink.tables["public.b"]: "app.x" is also the table of sink.tables["public.a"]`},
+		{"the sink's checkpoints", apply(`{"public.a": "tabletflow.checkpoints"}`), `sink.tables["public.a"]: "tabletflow.checkpoints" is one of the sink's own tables`},
+		{"the sink's changes", apply(`{"public.a": "tabletflow.changes"}`), `sink.tables["public.a"]: "tabletflow.changes" is one of the sink's own tables`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode([]byte(tt.in))
+			require.Error(t, err)
+			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
+		})
+	}
+}

@@ -51,9 +51,10 @@ func TestTabletdIntoPostgresIsExactAcrossWorkerKills(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	stored := func() digest.Digest {
-		d, err := pgsink.Digest(ctx, conn, "tabletflow", stream)
+		st, err := pgsink.Digest(ctx, conn, "tabletflow", stream)
 		require.NoError(t, err)
-		return d
+		require.Zero(t, st.Duplicates, "rows repeating a (tablet, position)")
+		return st.Digest
 	}
 	for i := range 3 {
 		time.Sleep(time.Duration(1000+rand.IntN(3000)) * time.Millisecond) // a random moment, not an assertion

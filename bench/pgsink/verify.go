@@ -25,13 +25,16 @@ func (b *bench) sameDigest(what string, d digest.Digest) error {
 
 // verifyChanges checks that schema's change table holds exactly the
 // workload's records (postgres.Digest, the formula tabletd and the JSONL
-// sink use; the primary key rules out a position twice).
+// sink use), no (tablet, position) twice.
 func (b *bench) verifyChanges(ctx context.Context, schema string) error {
-	d, err := postgres.Digest(ctx, b.admin, schema, stream)
+	st, err := postgres.Digest(ctx, b.admin, schema, stream)
 	if err != nil {
 		return fmt.Errorf("digest of %s.changes: %w", schema, err)
 	}
-	return b.sameDigest(schema+".changes", d)
+	if st.Duplicates > 0 {
+		return fmt.Errorf("%s.changes: %d rows repeat a (tablet, position)", schema, st.Duplicates)
+	}
+	return b.sameDigest(schema+".changes", st.Digest)
 }
 
 // verifyCheckpoints checks that every tablet's checkpoint row in schema

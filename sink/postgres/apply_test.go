@@ -74,11 +74,20 @@ func TestApplyModeKeepsTheCurrentRowsAndFailsWholeOnAMisfit(t *testing.T) {
 
 	// A column of another type than jsonb, made by hand: a clear error.
 	require.NoError(t, db.Exec(ctx, `CREATE TABLE mirror.public__items (id jsonb PRIMARY KEY, qty integer)`))
-	item := source.Record{Tablet: "t-0001", Position: source.Checkpoint{Term: 1, Index: 8}, Table: "public.items", Op: source.Insert,
+	item := source.Record{Tablet: "t-0001", Position: source.Checkpoint{Term: 1, Index: 9}, Table: "public.items", Op: source.Insert,
 		Key: json.RawMessage(`{"id":1}`), After: json.RawMessage(`{"id":1,"qty":2}`), CommitTime: time.Unix(1, 0)}
-	require.NoError(t, w2.Write(ctx, []source.Record{item}))
+	require.NoError(t, w2.Write(ctx, []source.Record{rec(8, source.Insert, `{"id":5}`, `{"id":5,"amount":3}`), item}))
 	err = w2.Commit(ctx, item.Position)
 	require.ErrorIs(t, err, sink.ErrBadRecord, "%v", err)
+	require.ErrorContains(t, err, "42804")
+	require.ErrorContains(t, err, `insert of public.items at 1.9 into "mirror"."public__items"`, "the error names the record")
+	require.Equal(t, want, rows(), "nothing written half-way: not the batch's other record either")
+	var items int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM mirror.public__items`).Scan(&items))
+	require.Zero(t, items)
+	w3, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.Equal(t, batch[4].Position, w3.Checkpoint(), "the checkpoint stays")
 }
 
 // Mirror tables made by another sink instance (a restarted or second
@@ -181,4 +190,87 @@ func TestApplyModeInstancesRacingToMakeTablesAllCommit(t *testing.T) {
 		require.NoError(t, db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM raced.public__t%02d`, j)).Scan(&n))
 		require.Equal(t, instances, n)
 	}
+}
+
+// Apply mode fences like changelog mode (the contract suite, which reads
+// records back, runs in changelog mode only): a writer whose tablet's
+// checkpoint moved behind its back — another writer committed — gets
+// ErrFenced, stays fenced, and changes no mirror row; a re-read batch at
+// or below the stored checkpoint is skipped, never applied again.
+func TestApplyModeFencesAStaleWriterAndSkipsAReReadBatch(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := context.Background()
+	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "fenced"}
+	open := func() sink.Sink {
+		s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	rows := func() []map[string]any {
+		r, err := db.Query(ctx, `SELECT id::text AS id, amount::text AS amount FROM fenced.public__orders ORDER BY id`)
+		require.NoError(t, err)
+		return r
+	}
+	checkpoint := func() source.Checkpoint {
+		w, err := open().Open(ctx, "t-0001")
+		require.NoError(t, err)
+		return w.Checkpoint()
+	}
+	s := open()
+	w, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	first := []source.Record{
+		rec(1, source.Insert, `{"id":1}`, `{"id":1,"amount":1}`),
+		rec(2, source.Insert, `{"id":2}`, `{"id":2,"amount":2}`),
+	}
+	require.NoError(t, w.Write(ctx, first))
+	require.NoError(t, w.Commit(ctx, first[1].Position))
+	want := []map[string]any{{"id": "1", "amount": "1"}, {"id": "2", "amount": "2"}}
+	require.Equal(t, want, rows())
+
+	// Another writer's commit, as the checkpoints table shows it.
+	require.NoError(t, db.Exec(ctx, `UPDATE fenced.checkpoints SET checkpoint = '1.7' WHERE stream = $1 AND tablet = 't-0001'`, stream))
+	stale := []source.Record{
+		rec(3, source.Update, `{"id":1}`, `{"id":1,"amount":10}`),
+		rec(4, source.Delete, `{"id":2}`, ""),
+		rec(5, source.Insert, `{"id":3}`, `{"id":3,"amount":3,"extra":"x"}`),
+	}
+	require.NoError(t, w.Write(ctx, stale))
+	require.ErrorIs(t, w.Commit(ctx, stale[2].Position), sink.ErrFenced)
+	require.ErrorIs(t, w.Commit(ctx, stale[2].Position), sink.ErrFenced, "a fenced writer stays fenced")
+	require.ErrorIs(t, w.Write(ctx, stale), sink.ErrFenced)
+	require.Equal(t, want, rows(), "a fenced writer changes no row")
+	require.Equal(t, source.Checkpoint{Term: 1, Index: 7}, checkpoint())
+
+	// Two writers from one checkpoint: the second to commit is fenced.
+	wa, err := open().Open(ctx, "t-0001")
+	require.NoError(t, err)
+	wb, err := open().Open(ctx, "t-0001")
+	require.NoError(t, err)
+	a := rec(8, source.Update, `{"id":1}`, `{"id":1,"amount":8}`)
+	b := rec(8, source.Update, `{"id":1}`, `{"id":1,"amount":99}`)
+	require.NoError(t, wa.Write(ctx, []source.Record{a}))
+	require.NoError(t, wa.Commit(ctx, a.Position))
+	require.NoError(t, wb.Write(ctx, []source.Record{b, rec(9, source.Delete, `{"id":2}`, "")}))
+	require.ErrorIs(t, wb.Commit(ctx, source.Checkpoint{Term: 1, Index: 9}), sink.ErrFenced)
+	want[0]["amount"] = "8"
+	require.Equal(t, want, rows(), "only the first writer's batch is applied")
+
+	// A new writer re-reading from before the checkpoint: what is at or
+	// below it is skipped (id 2's old insert is not applied again), what
+	// follows is applied.
+	w, err = open().Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.Equal(t, a.Position, w.Checkpoint())
+	reread := []source.Record{
+		rec(2, source.Insert, `{"id":2}`, `{"id":2,"amount":-2}`),
+		rec(8, source.Update, `{"id":1}`, `{"id":1,"amount":-8}`),
+		rec(10, source.Insert, `{"id":4}`, `{"id":4,"amount":4}`),
+	}
+	require.NoError(t, w.Write(ctx, reread))
+	require.NoError(t, w.Commit(ctx, reread[2].Position))
+	want = append(want, map[string]any{"id": "4", "amount": "4"})
+	require.Equal(t, want, rows())
+	require.Equal(t, reread[2].Position, checkpoint())
 }

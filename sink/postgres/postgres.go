@@ -13,7 +13,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,8 +38,11 @@ type Sink struct {
 	stream    string
 	schema    string
 	applyMode bool
-	pool      *pgxpool.Pool
-	mirrors   mirrors
+	// given: apply mode's tables from the config (sink.tables), source
+	// table → schema.table.
+	given   map[string]string
+	pool    *pgxpool.Pool
+	mirrors mirrors
 
 	mu     sync.Mutex
 	closed bool
@@ -54,6 +60,9 @@ func New(ctx context.Context, cfg config.Sink, stream string, getenv func(string
 	if cfg.Mode != "changelog" && cfg.Mode != "apply" {
 		return nil, fmt.Errorf("sink.mode: %q: want changelog or apply", cfg.Mode)
 	}
+	if len(cfg.Tables) > 0 && cfg.Mode != "apply" {
+		return nil, fmt.Errorf("sink.tables: only for mode apply")
+	}
 	dsn := getenv(cfg.DSNEnv)
 	if dsn == "" {
 		return nil, fmt.Errorf("sink.dsnEnv: environment variable %s is not set: %w", cfg.DSNEnv, sink.ErrDenied)
@@ -68,7 +77,7 @@ func New(ctx context.Context, cfg config.Sink, stream string, getenv func(string
 	if err != nil {
 		return nil, classify(err)
 	}
-	s := &Sink{stream: stream, schema: cfg.Schema, applyMode: cfg.Mode == "apply", pool: pool}
+	s := &Sink{stream: stream, schema: cfg.Schema, applyMode: cfg.Mode == "apply", given: maps.Clone(cfg.Tables), pool: pool}
 	if err := s.setUp(ctx); err != nil {
 		pool.Close()
 		return nil, err
@@ -79,18 +88,31 @@ func New(ctx context.Context, cfg config.Sink, stream string, getenv func(string
 // table is a qualified, quoted name of one of the sink's tables.
 func (s *Sink) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
 
-// setUp makes the schema and tables (idempotent; concurrent workers may
-// race, which PostgreSQL resolves with a unique violation we ignore).
+// setUp makes the schema and tables that are not there (concurrent
+// workers may race, which PostgreSQL resolves with a duplicate-object or
+// unique violation we ignore). What is there is not made again: CREATE
+// … IF NOT EXISTS checks the CREATE privilege before it looks, so a role
+// given the schema and tables by their owner needs no CREATE at all.
 func (s *Sink) setUp(ctx context.Context) error {
-	stmts := []string{
-		`CREATE SCHEMA IF NOT EXISTS ` + pgx.Identifier{s.schema}.Sanitize(),
-		`CREATE TABLE IF NOT EXISTS ` + s.table("checkpoints") + ` (
+	var haveSchema, haveCheckpoints, haveChanges bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
+		pgx.Identifier{s.schema}.Sanitize(), s.table("checkpoints"), s.table("changes")).Scan(&haveSchema, &haveCheckpoints, &haveChanges); err != nil {
+		return fmt.Errorf("set up the sink's tables in schema %s: %w", s.schema, classify(err))
+	}
+	var stmts []string
+	if !haveSchema {
+		stmts = append(stmts, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{s.schema}.Sanitize())
+	}
+	if !haveCheckpoints {
+		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.table("checkpoints")+` (
 			stream text NOT NULL,
 			tablet text NOT NULL,
 			checkpoint text NOT NULL,
 			updated_at timestamptz NOT NULL DEFAULT now(),
-			PRIMARY KEY (stream, tablet))`,
-		`CREATE TABLE IF NOT EXISTS ` + ChangeTableDDL(s.schema),
+			PRIMARY KEY (stream, tablet))`)
+	}
+	if !haveChanges {
+		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+ChangeTableDDL(s.schema))
 	}
 	for _, q := range stmts {
 		if _, err := s.pool.Exec(ctx, q); err != nil && !madeMeanwhile(err) {
@@ -263,9 +285,10 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		return fmt.Errorf("%w: %s is before the checkpoint %s or the last staged record", sink.ErrBadCommit, cp, w.cp)
 	}
 	var apply *pgx.Batch
+	var applies []string // what each statement of apply writes
 	if w.s.applyMode && len(w.staged) > 0 {
 		var err error
-		if apply, err = w.s.applyBatch(ctx, w.staged); err != nil {
+		if apply, applies, err = w.s.applyBatch(ctx, w.staged); err != nil {
 			w.s.forgetMirrors()
 			return fmt.Errorf("commit tablet %s at %s: %w", w.tablet, cp, err)
 		}
@@ -283,7 +306,7 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 			return nil
 		}
 		if apply != nil {
-			return tx.SendBatch(ctx, apply).Close()
+			return sendApply(ctx, tx, apply, applies)
 		}
 		_, err = tx.CopyFrom(ctx, pgx.Identifier{w.s.schema, "changes"},
 			[]string{"stream", "tablet", "pos_term", "pos_index", "tbl", "op", "key", "before", "after", "commit_time", "commit_time_ns"},
@@ -302,13 +325,33 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		return fmt.Errorf("tablet %s: stored checkpoint is no longer %s: %w", w.tablet, orNone(w.cp), sink.ErrFenced)
 	}
 	if err != nil {
-		if isCode(err, "42804") || isCode(err, "22P02") || isCode(err, "42703") { // a mirror table that does not fit
-			err = fmt.Errorf("%w: %w", sink.ErrBadRecord, err)
-		}
 		return fmt.Errorf("commit tablet %s at %s: %w", w.tablet, cp, classify(err))
 	}
 	w.cp, w.staged = cp, nil
 	return nil
+}
+
+// sendApply runs apply mode's statements in tx, pipelined; an error names
+// the record of the statement that failed (what[i]). pgx prepares every
+// statement before it runs the first, so a statement the server cannot
+// prepare (a column of another type) fails the first Exec: that error
+// names its SQL, and the first record with that SQL is named.
+func sendApply(ctx context.Context, tx pgx.Tx, b *pgx.Batch, what []string) error {
+	br := tx.SendBatch(ctx, b)
+	for i := range b.Len() {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			var pre pgx.ErrPreprocessingBatch
+			if errors.As(err, &pre) {
+				i = slices.IndexFunc(b.QueuedQueries, func(q *pgx.QueuedQuery) bool { return q.SQL == pre.SQL() })
+			}
+			if i < 0 {
+				return err
+			}
+			return fmt.Errorf("%s: %w", what[i], err)
+		}
+	}
+	return br.Close()
 }
 
 // Close drops what is staged.
@@ -333,20 +376,42 @@ func orNone(cp source.Checkpoint) string {
 	return cp.String()
 }
 
-// classify wraps a database error in the sink error it is a case of:
-// wrong credentials or a missing permission are ErrDenied (the tablet
-// fails with the reason); everything else (unreachable, timeouts, a
-// server restarting) stays as it is, which callers treat as "unavailable,
-// retry".
+// classify wraps a database error in the sink error it is a case of
+// (kindOf): a missing permission is ErrDenied, a record that does not fit
+// its table ErrBadRecord (the tablet fails with the reason); everything
+// else (unreachable, timeouts, a server restarting) stays as it is, which
+// callers treat as "unavailable, retry".
 func classify(err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
-		switch pg.Code {
-		case "28000", "28P01", "42501":
-			return fmt.Errorf("%w: %w", sink.ErrDenied, err)
+		if kind := kindOf(pg.Code); kind != nil {
+			return fmt.Errorf("%w: %w", kind, err)
 		}
 	}
 	return err
+}
+
+// kindOf is the sink error a PostgreSQL error code (SQLSTATE) is a case
+// of, nil for one that retrying may cure. Only codes whose cause stays
+// until someone changes the data, the table or the grants are listed: a
+// unique (23505) or foreign key (23503) violation of a given table may be
+// an order across tablets that the next batches undo, and a table missing
+// (42P01) is made again by the next attempt.
+func kindOf(code string) error {
+	switch {
+	case code == "28000", // invalid authorization
+		code == "28P01", // wrong password
+		code == "42501": // insufficient privilege
+		return sink.ErrDenied
+	case strings.HasPrefix(code, "22"), // data exception: a value its column's type refuses (22P02, 22003, 22007, 22008, 22001), JSON jsonb cannot hold (22P05), bytes not UTF-8 (22021)
+		code == "23502", // NOT NULL
+		code == "23514", // CHECK
+		code == "42804", // a column of another type (a hand-made column of a mirror table)
+		code == "42703", // a column that is not there
+		code == "428C9": // a generated column
+		return sink.ErrBadRecord
+	}
+	return nil
 }
 
 func isCode(err error, code string) bool {

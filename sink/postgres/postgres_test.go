@@ -103,3 +103,104 @@ func TestWrongCredentialsAreDenied(t *testing.T) {
 	require.ErrorContains(t, err, "SINK_DSN is not set")
 	require.NotContains(t, err.Error(), "wrong-password")
 }
+
+// A missing permission is ErrDenied with PostgreSQL's reason (42501), not
+// trouble to retry: a role that may not create the sink's schema, one that
+// may not insert into its checkpoints table, and one that may not write
+// the table apply mode was given.
+func TestMissingPermissionIsDeniedWithTheReason(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := context.Background()
+	const role, password = "weak", "weak-pw"
+	require.NoError(t, db.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD '`+password+`'`))
+	weak := strings.Replace(db.DSN(), pgbed.User+":"+pgbed.Password, role+":"+password, 1)
+	require.NotEqual(t, db.DSN(), weak)
+	newSink := func(cfg config.Sink) (sink.Sink, error) {
+		s, err := pgsink.New(ctx, cfg, stream, func(string) string { return weak })
+		if err == nil {
+			t.Cleanup(func() { _ = s.Close() })
+		}
+		return s, err
+	}
+	requireDenied := func(t *testing.T, err error, what string) {
+		t.Helper()
+		require.ErrorIs(t, err, sink.ErrDenied)
+		require.NotErrorIs(t, err, sink.ErrBadRecord)
+		require.ErrorContains(t, err, "42501")
+		require.ErrorContains(t, err, "permission denied for "+what)
+		require.NotContains(t, err.Error(), password)
+	}
+
+	t.Run("no CREATE on the database", func(t *testing.T) {
+		_, err := newSink(config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_weak"})
+		requireDenied(t, err, "database postgres")
+	})
+
+	t.Run("no INSERT on the checkpoints table", func(t *testing.T) {
+		// The sink's schema and tables made by their owner; the role may
+		// use them (no CREATE on the database or the schema: it need not
+		// make them), but not add a checkpoint row.
+		owner, err := pgsink.New(ctx, config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_shared"}, stream,
+			func(string) string { return db.DSN() })
+		require.NoError(t, err)
+		require.NoError(t, owner.Close())
+		require.NoError(t, db.Exec(ctx, `GRANT USAGE ON SCHEMA tf_shared TO `+role+`;
+			GRANT SELECT, UPDATE ON tf_shared.checkpoints TO `+role+`;
+			GRANT SELECT, INSERT ON tf_shared.changes TO `+role))
+		s, err := newSink(config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_shared"})
+		require.NoError(t, err, "the tables are there: nothing to create")
+		_, err = s.Open(ctx, "t-0001")
+		requireDenied(t, err, "table checkpoints")
+	})
+
+	t.Run("no INSERT on a given table", func(t *testing.T) {
+		require.NoError(t, db.Exec(ctx, `CREATE SCHEMA app; GRANT USAGE ON SCHEMA app TO `+role+`;
+			GRANT CREATE ON DATABASE postgres TO `+role+`;
+			CREATE TABLE app.orders (id bigint PRIMARY KEY, amount numeric);
+			GRANT SELECT ON app.orders TO `+role))
+		s, err := newSink(config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf_apply",
+			Tables: map[string]string{"public.orders": "app.orders"}})
+		require.NoError(t, err)
+		w, err := s.Open(ctx, "t-0001")
+		require.NoError(t, err)
+		r := source.Record{Tablet: "t-0001", Position: source.Checkpoint{Term: 1, Index: 1}, Table: "public.orders", Op: source.Insert,
+			Key: json.RawMessage(`{"id":1}`), After: json.RawMessage(`{"id":1,"amount":2}`), CommitTime: time.Unix(1, 0)}
+		require.NoError(t, w.Write(ctx, []source.Record{r}))
+		requireDenied(t, w.Commit(ctx, r.Position), "table orders")
+		require.True(t, w.Checkpoint().IsZero())
+	})
+}
+
+// Digest counts rows beyond the first of each (tablet, position) — which
+// the change table's primary key rules out, so the key is dropped here to
+// store one twice — and digests every row, the repeated one too.
+func TestDigestCountsRowsRepeatingAPosition(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := context.Background()
+	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "dup"}
+	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+	require.NoError(t, err)
+	defer s.Close()
+	recs := sinktest.Records("t-0001", 1, 5)
+	w, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, recs))
+	require.NoError(t, w.Commit(ctx, recs[4].Position))
+
+	conn, err := db.Connect(ctx)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	clean, err := pgsink.Digest(ctx, conn, "dup", stream)
+	require.NoError(t, err)
+	require.Equal(t, uint64(5), clean.Digest.Records)
+	require.Zero(t, clean.Duplicates)
+
+	require.NoError(t, db.Exec(ctx, `ALTER TABLE dup.changes DROP CONSTRAINT changes_pkey;
+		INSERT INTO dup.changes SELECT * FROM dup.changes WHERE pos_index IN (2, 4);
+		INSERT INTO dup.changes SELECT * FROM dup.changes WHERE pos_index = 4 LIMIT 1`))
+	got, err := pgsink.Digest(ctx, conn, "dup", stream)
+	require.NoError(t, err)
+	require.Equal(t, uint64(3), got.Duplicates, "1.2 once more, 1.4 twice more")
+	require.Equal(t, uint64(8), got.Digest.Records)
+	require.NotEqual(t, clean.Digest.Hash, got.Digest.Hash)
+}
