@@ -88,7 +88,9 @@ func TestStreamTakesAStopWhileItsSourceStreamCannotBeCreated(t *testing.T) {
 
 // TestStreamStartsItsTabletsOnceItsSourceStreamIsCreated: the creation is
 // tried again until the source answers; then the trouble is cleared and
-// the tablets start with the source's retention.
+// the tablets start with the source's retention. The creation before the
+// loop (streams from before changeEnsureBeside) passes it too: it guards
+// the new path's start, while the stop test above tells the two apart.
 func TestStreamStartsItsTabletsOnceItsSourceStreamIsCreated(t *testing.T) {
 	env := newEnv(t)
 	d := &sourceDown{up: env.Now().Add(2 * time.Minute)}

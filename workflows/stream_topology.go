@@ -35,6 +35,12 @@ const (
 // limit's headroom.
 const maxChildrenPerRun = 1000
 
+// readRetry is the retry policy of the background read's source calls
+// (making the source-side stream, the listing) within their bounds.
+func readRetry() *temporal.RetryPolicy {
+	return &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, NonRetryableErrorTypes: activities.NonRetryable}
+}
+
 // topologyRead is what one background topology read found.
 type topologyRead struct {
 	topology activities.Topology
@@ -57,7 +63,7 @@ func (s *stream) readTopology(ctx, actx workflow.Context, out workflow.Channel) 
 		if s.ensureBeside && !s.st.SourceStream {
 			ectx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
 				StartToCloseTimeout: time.Minute, ScheduleToCloseTimeout: ensureBound, Summary: "create the source-side stream " + s.id,
-				RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
+				RetryPolicy: readRetry(),
 			})
 			var info source.Stream
 			if err := workflow.ExecuteActivity(ectx, a.EnsureStream, activities.EnsureStreamInput{
@@ -71,7 +77,7 @@ func (s *stream) readTopology(ctx, actx workflow.Context, out workflow.Channel) 
 		}
 		lctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
 			StartToCloseTimeout: 10 * time.Second, ScheduleToCloseTimeout: topologyBound, Summary: "list tablets",
-			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
+			RetryPolicy: readRetry(),
 		})
 		if s.slimTopology {
 			r.err = workflow.ExecuteActivity(lctx, a.ReadTopology, s.cfg.Source).Get(gctx, &r.topology)
@@ -123,12 +129,13 @@ func (s *stream) onTopology(ctx workflow.Context, r topologyRead) time.Duration 
 		if s.st.Topology == nil {
 			s.st.Topology = &TopologyTrouble{Since: workflow.Now(ctx)}
 		}
-		msg := errorMessage(r.err, s.signalHandling)
+		what, msg := "list tablets", errorMessage(r.err, s.signalHandling)
 		if !s.st.SourceStream {
-			msg = "create the source-side stream: " + msg
+			what = "create the source-side stream"
+			msg = what + ": " + msg
 		}
 		s.st.Topology.Error = clip(msg)
-		s.log.Warn("list tablets failed; the stream goes on and tries again", "error", r.err, "since", s.st.Topology.Since)
+		s.log.Warn(what+" failed; the stream goes on and tries again", "error", r.err, "since", s.st.Topology.Since)
 		return min(s.cfg.TopologyRefresh.D(), topologyRetry)
 	}
 	s.st.Topology = nil
