@@ -73,6 +73,9 @@ var recorded = map[string]recording{
 	// Stuck, then restarted once terminated (from
 	// e2e.TestStuckTabletIsShownStuckAndRestartedOnceTerminated).
 	"stream-stuck-state.json": {"stuck", "ed589f8131a6eb97ccc256e9010950cbf936dc22ce6b98ee60a2ceda6ef8be88"},
+	// changeTabletBaseline: a tablet that asks one version for every
+	// tablet change before it (from e2e.TestStopWithDropSourceStream).
+	"tablet-baseline-stopped.json": {"stopme/tablet/t-0001", "ef627e63d28970465d0d152477686cfe6c86fe19ac1eb2930da7188cf9fd523a"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -51,11 +51,15 @@ var errStreamGone = errors.New("stream workflow is closed")
 // are in tablet_run.go, reports in tablet_report.go.
 func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error {
 	t := &tablet{in: in, st: st, log: workflow.GetLogger(ctx)}
-	t.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
-	t.quietStart = workflow.GetVersion(ctx, changeQuietStart, workflow.DefaultVersion, 1) >= 1
-	t.paced = workflow.GetVersion(ctx, changePacedReports, workflow.DefaultVersion, 1) >= 1
-	t.reroute = workflow.GetVersion(ctx, changeInPlaceReroute, workflow.DefaultVersion, 1) >= 1
-	t.signalHandling = workflow.GetVersion(ctx, changeSignalHandling, workflow.DefaultVersion, 1) >= 1
+	if workflow.GetVersion(ctx, changeTabletBaseline, workflow.DefaultVersion, 1) >= 1 {
+		t.version, t.quietStart, t.paced, t.reroute, t.signalHandling = versionDurable, true, true, true, true
+	} else { // a tablet started before changeTabletBaseline: each change asked for
+		t.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
+		t.quietStart = workflow.GetVersion(ctx, changeQuietStart, workflow.DefaultVersion, 1) >= 1
+		t.paced = workflow.GetVersion(ctx, changePacedReports, workflow.DefaultVersion, 1) >= 1
+		t.reroute = workflow.GetVersion(ctx, changeInPlaceReroute, workflow.DefaultVersion, 1) >= 1
+		t.signalHandling = workflow.GetVersion(ctx, changeSignalHandling, workflow.DefaultVersion, 1) >= 1
+	}
 	if t.st == nil {
 		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
 	}

@@ -90,4 +90,15 @@ const (
 	// last reported (Streaming, most often): a filter on the state finds
 	// it. Asked for only when such a tablet is found.
 	changeStuckState = "stuck-state"
+
+	// changeTabletBaseline: a tablet workflow that gets this version has
+	// every tablet change before it (changeDurable at versionDurable,
+	// changeQuietStart, changePacedReports, changeInPlaceReroute,
+	// changeSignalHandling) without asking for each. The SDK records a
+	// marker and upserts the TemporalChangeVersion search attribute (a
+	// visibility write on the server) for every version a new workflow
+	// asks for: one instead of five per tablet start, which is most of
+	// what a tablet's first workflow task costs the server when hundreds
+	// start at once. Tablet changes after it are asked for as before.
+	changeTabletBaseline = "tablet-baseline"
 )

@@ -263,7 +263,11 @@ func (b *bench) idleCost(ctx context.Context, window time.Duration) (commits, er
 	}
 	cpu0 := b.cpu()
 	publish.Logf("idle: every tablet caught up, no records, for %v", window)
-	if err := procs.Sleep(ctx, window); err != nil {
+	if b.idleProfile != "" {
+		if err := b.profile(ctx, window, b.idleProfile); err != nil {
+			return commits{}, err
+		}
+	} else if err := procs.Sleep(ctx, window); err != nil {
 		return commits{}, err
 	}
 	cpu := b.cpu().Minus(cpu0)

@@ -218,6 +218,7 @@ func run() error {
 	measureRate := flag.Float64("measure-rate", 2000, "workload rate during the history measurement, records/s")
 	out := flag.String("out", "", "write the result JSON here too")
 	cpuProfile := flag.String("cpu-profile", "", "write the worker's Go CPU profile over the live window to this file (go tool pprof reads it)")
+	idleProfile := flag.String("idle-cpu-profile", "", "write the worker's Go CPU profile over the idle window to this file")
 	bulkProfile := flag.String("bulk-cpu-profile", "", "write the worker's Go CPU profile over the first 4 s of each case's bulk run to this file with the tablet count appended (.16, .64)")
 	linger := flag.Duration("linger", 0, "the stream's batch.linger (the group commit's wait); 0: the config's default")
 	maxWait := flag.Duration("max-wait", 0, "the stream's batch.maxWait (an idle tablet's long poll); 0: the config's default")
@@ -242,7 +243,7 @@ func run() error {
 		return fmt.Errorf("--pairs: %d; at least 1", *pairs)
 	}
 	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
-		cpuProfile: *cpuProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, maxWait: *maxWait, pairs: *pairs, idle: *idle, keep: *keep}
+		cpuProfile: *cpuProfile, idleProfile: *idleProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, maxWait: *maxWait, pairs: *pairs, idle: *idle, keep: *keep}
 	// The first count's case is the top level of the result (with the live
 	// measurement); the others follow in "cases".
 	var res result
@@ -270,6 +271,7 @@ type caseConfig struct {
 	measure     time.Duration
 	measureRate float64
 	cpuProfile  string
+	idleProfile string
 	bulkProfile string
 	devServer   []string
 	linger      time.Duration
@@ -287,7 +289,7 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 	if err != nil {
 		return res, err
 	}
-	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, devServer: c.devServer, linger: c.linger, maxWait: c.maxWait}
+	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, idleProfile: c.idleProfile, devServer: c.devServer, linger: c.linger, maxWait: c.maxWait}
 	failed := true
 	defer func() {
 		b.procs.StopAll()
@@ -510,6 +512,7 @@ type bench struct {
 	worker       *procs.Proc
 	metrics      string        // the worker's /metrics URL
 	cpuProfile   string        // where to write the worker's live-window CPU profile; empty: none
+	idleProfile  string        // where to write the worker's idle-window CPU profile; empty: none
 	devServer    []string      // extra dev server arguments
 	linger       time.Duration // the stream's batch.linger; 0: the default
 	maxWait      time.Duration // the stream's batch.maxWait; 0: the default
