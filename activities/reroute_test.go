@@ -2,6 +2,8 @@ package activities
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -304,4 +306,49 @@ func TestGetChangesRetryResumesOnTheReplicaItMovedTo(t *testing.T) {
 	require.Equal(t, []string{otherAlias, otherAlias}, r.src.readersOf())
 	require.Equal(t, moved, res.Switched, "the result still says where the run reads")
 	require.Equal(t, cp(6), res.Checkpoint)
+}
+
+// listingSource is a fakeSource whose topology lists tablets.
+type listingSource struct {
+	*fakeSource
+	tablets []source.Tablet
+}
+
+func (s *listingSource) ListTablets(context.Context) ([]source.Tablet, error) { return s.tablets, nil }
+
+// A new stream's first topology read picks each tablet's first replica
+// as the tablet picker would (the operator's exclusions skipped), for
+// tablets whose log goes on, up to Max; a tablet with no eligible replica
+// gets none (it selects and says why itself).
+func TestReadTopologyAndPickPicksEachTabletsFirstReplica(t *testing.T) {
+	rep := func(tablet, alias, cell string) source.Replica {
+		return source.Replica{Tablet: tablet, Alias: alias, Cell: cell, Type: source.TypeReplica, Serving: true, Healthy: true}
+	}
+	src := &listingSource{fakeSource: &fakeSource{log: &callLog{}}, tablets: []source.Tablet{
+		{ID: "t-0001", Replicas: []source.Replica{rep("t-0001", "zone1-101", "zone1"), rep("t-0001", "zone2-201", "zone2")}},
+		{ID: "t-0002", Replicas: []source.Replica{rep("t-0002", "zone1-102", "zone1")}},
+		{ID: "t-0003", Split: true, Children: []string{"t-0004"}, Replicas: []source.Replica{rep("t-0003", "zone1-103", "zone1")}},
+		{ID: "t-0004", Parent: "t-0003", Replicas: []source.Replica{rep("t-0004", "zone1-104", "zone1")}},
+		{ID: "t-0005", Replicas: []source.Replica{rep("t-0005", "zone1-105", "zone1")}},
+	}}
+	a := &Activities{Resources: &Resources{NewSource: func(config.Source) (source.Source, error) { return src, nil }}}
+	in := PickInput{Stream: testStream, Selection: config.Selection{Cells: []string{"zone1", "zone2"}, TabletTypes: []string{"REPLICA"}},
+		Operator: config.ExcludeList{{Alias: "zone1-101", Reason: "maintenance"}, {Alias: "zone1-102", Reason: "maintenance"}}, Max: 3}
+	topo, err := a.ReadTopologyAndPick(context.Background(), in)
+	require.NoError(t, err)
+	require.Len(t, topo.Tablets, 5, "the whole topology, as ReadTopology reads it")
+	require.Equal(t, TopologyOf(src.tablets).Aliases, topo.Aliases)
+	// t-0001: its preferred cell's replica is excluded, so the other one,
+	// as a fallback; t-0002: nothing eligible; t-0003: split; then t-0004
+	// and t-0005 until Max (3 asked; t-0002 got none, so two more).
+	require.Equal(t, []string{"t-0001", "t-0004", "t-0005"}, slices.Sorted(maps.Keys(topo.Picks)))
+	require.Equal(t, "zone2-201", topo.Picks["t-0001"].Replica.Alias)
+	require.True(t, topo.Picks["t-0001"].Fallback)
+	require.Equal(t, 1, topo.Picks["t-0001"].Candidates)
+	require.Equal(t, "zone1-104", topo.Picks["t-0004"].Replica.Alias)
+
+	in.Max = 1
+	topo, err = a.ReadTopologyAndPick(context.Background(), in)
+	require.NoError(t, err)
+	require.Len(t, topo.Picks, 1)
 }

@@ -70,6 +70,9 @@ func (a *Activities) ListTablets(ctx context.Context, cfg config.Source) ([]sour
 type Topology struct {
 	Tablets []TopologyTablet `json:"tablets"`
 	Aliases []string         `json:"aliases"`
+	// Picks are the tablet picker's first choices by tablet ID
+	// (ReadTopologyAndPick only).
+	Picks map[string]Selection `json:"picks,omitempty"`
 }
 
 // TopologyTablet is a tablet in a Topology.
@@ -100,6 +103,47 @@ func (a *Activities) ReadTopology(ctx context.Context, cfg config.Source) (Topol
 		return Topology{}, err
 	}
 	return TopologyOf(tablets), nil
+}
+
+// PickInput asks ReadTopologyAndPick for the topology and the tablet
+// picker's first choice for the stream's tablets.
+type PickInput struct {
+	Stream    string           `json:"stream"`
+	Source    config.Source    `json:"source"`
+	Selection config.Selection `json:"selection"`
+	// Operator is the stream's operator exclude list.
+	Operator config.ExcludeList `json:"operator,omitempty"`
+	// Max bounds the picks: the tablets one stream run starts.
+	Max int `json:"max"`
+}
+
+// ReadTopologyAndPick is ReadTopology for a stream about to start its
+// tablets: with the listing, it runs the tablet picker (as SelectReplica
+// does, over the same listing, skipping in.Operator) for each listed
+// tablet whose log has not ended in a split, up to in.Max in listing
+// order, so that the stream starts each with its first replica chosen
+// (TabletInput.First) and makes its row Streaming: a tablet then sends
+// no report and runs no picker of its own at its start. A tablet with no
+// eligible replica gets no pick: it selects, and says why, itself.
+func (a *Activities) ReadTopologyAndPick(ctx context.Context, in PickInput) (Topology, error) {
+	tablets, err := a.ListTablets(ctx, in.Source)
+	if err != nil {
+		return Topology{}, err
+	}
+	topo := TopologyOf(tablets)
+	topo.Picks = map[string]Selection{}
+	for _, t := range tablets {
+		if len(topo.Picks) >= in.Max {
+			break
+		}
+		if t.Split {
+			continue
+		}
+		if sel, err := a.pickOf(t, in.Stream, in.Selection, in.Operator); err == nil {
+			topo.Picks[t.ID] = sel
+		}
+	}
+	return topo, nil
 }
 
 // QueryExclusions is the stream workflow's query for its operator exclude
@@ -173,22 +217,27 @@ func (a *Activities) pick(ctx context.Context, src source.Source, stream, tablet
 		return Selection{}, classified(src, err)
 	}
 	for _, t := range tablets {
-		if t.ID != tablet {
-			continue
+		if t.ID == tablet {
+			return a.pickOf(t, stream, selection, exclude)
 		}
-		opts := picker.FromConfig(selection)
-		now := a.now()
-		cands, _ := picker.Candidates(t, opts, exclude, now)
-		r, err := picker.Pick(t, opts, exclude, now, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
-		if errors.Is(err, picker.ErrNoEligibleReplica) {
-			return Selection{}, temporal.NewNonRetryableApplicationError(err.Error(), ErrNoEligibleReplica, err)
-		}
-		if err == nil {
-			a.Metrics.Selected(stream, r.Cell)
-		}
-		return Selection{Replica: r, Candidates: len(cands), Fallback: err == nil && !picker.Preferred(t, opts, r)}, err
 	}
 	return Selection{}, fatalf("tablet %s: %v", tablet, source.ErrUnknownTablet)
+}
+
+// pickOf is the tablet picker's choice among t's replicas as listed,
+// skipping those on exclude.
+func (a *Activities) pickOf(t source.Tablet, stream string, selection config.Selection, exclude config.ExcludeList) (Selection, error) {
+	opts := picker.FromConfig(selection)
+	now := a.now()
+	cands, _ := picker.Candidates(t, opts, exclude, now)
+	r, err := picker.Pick(t, opts, exclude, now, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
+	if errors.Is(err, picker.ErrNoEligibleReplica) {
+		return Selection{}, temporal.NewNonRetryableApplicationError(err.Error(), ErrNoEligibleReplica, err)
+	}
+	if err == nil {
+		a.Metrics.Selected(stream, r.Cell)
+	}
+	return Selection{Replica: r, Candidates: len(cands), Fallback: err == nil && !picker.Preferred(t, opts, r)}, err
 }
 
 func (a *Activities) pickerWait() time.Duration {

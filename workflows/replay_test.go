@@ -76,6 +76,12 @@ var recorded = map[string]recording{
 	// changeTabletBaseline: a tablet that asks one version for every
 	// tablet change before it (from e2e.TestStopWithDropSourceStream).
 	"tablet-baseline-stopped.json": {"stopme/tablet/t-0001", "ef627e63d28970465d0d152477686cfe6c86fe19ac1eb2930da7188cf9fd523a"},
+	// changeFirstPicks: a new stream whose first topology read picked
+	// its tablet's first replica, and that tablet, started on it without
+	// a picker, a version or a report of its own (from
+	// e2e.TestStopWithDropSourceStream).
+	"stream-first-picks-stopped.json": {"stopme", "0f8fbf9453dc629c6bfe6c821d4205828906002f55c4514e6563112e01e7a2cd"},
+	"tablet-first-pick-stopped.json":  {"stopme/tablet/t-0001", "f774289ecb131987454629182b60591e95451f8f54381db1c1529048302b36a1"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

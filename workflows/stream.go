@@ -412,7 +412,7 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 	}
 	s.st.Tablets[r.ID] = &r
 	if r.State == Split && (prev == nil || prev.State != Split) && s.st.Stop == nil {
-		s.startTablets(ctx, r.Children, r.Handoff)
+		s.startTablets(ctx, r.Children, r.Handoff, nil)
 	}
 }
 
@@ -452,20 +452,29 @@ func (s *stream) refreshV0(ctx, actx workflow.Context) error {
 			start = append(start, t.ID)
 		}
 	}
-	s.startTablets(ctx, start, source.Checkpoint{})
+	s.startTablets(ctx, start, source.Checkpoint{}, nil)
 	return nil
 }
 
 // startTablets starts TabletWorkflows (ABANDON, deterministic IDs) from
-// checkpoint start, adopting any that is already running.
-func (s *stream) startTablets(ctx workflow.Context, ids []string, start source.Checkpoint) {
+// checkpoint start, adopting any that is already running; a tablet in
+// picks starts on the replica picked for it.
+func (s *stream) startTablets(ctx workflow.Context, ids []string, start source.Checkpoint, picks map[string]activities.Selection) {
 	var children []childStart
 	for _, id := range ids {
 		if s.st.Tablets[id] != nil {
 			continue
 		}
-		s.st.Tablets[id] = &TabletStatus{ID: id, State: Starting, Checkpoint: start, Start: start}
-		children = append(children, childStart{id: id, start: start})
+		row := &TabletStatus{ID: id, State: Starting, Checkpoint: start, Start: start}
+		c := childStart{id: id, start: start}
+		if p, ok := picks[id]; ok {
+			// Its first replica picked (changeFirstPicks): the tablet starts
+			// streaming from it and does not report that it does.
+			row.State, row.Replica, row.Updated = Streaming, p.Replica.Alias, workflow.Now(ctx)
+			c.first = &p
+		}
+		s.st.Tablets[id] = row
+		children = append(children, c)
 	}
 	s.startChildren(ctx, children)
 }
@@ -477,6 +486,7 @@ type childStart struct {
 	id    string
 	start source.Checkpoint
 	state *TabletState
+	first *activities.Selection // the replica picked for its first run, or nil
 }
 
 // startChildren starts TabletWorkflows whose rows s.st.Tablets already
@@ -490,16 +500,20 @@ func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 	total := len(s.st.Tablets)
 	s.started += len(children)
 	for _, c := range children {
+		state, replica := Starting, ""
+		if c.first != nil {
+			state, replica = Streaming, c.first.Replica.Alias
+		}
 		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
 			WorkflowID:        TabletWorkflowID(s.id, c.id),
 			ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
 			StaticSummary:     fmt.Sprintf("tablet %s of stream %s", c.id, s.id),
 			TypedSearchAttributes: temporal.NewSearchAttributes(
-				SAStream.ValueSet(s.id), SATablet.ValueSet(c.id), SAState.ValueSet(string(Starting)), SAReplica.ValueSet("")),
+				SAStream.ValueSet(s.id), SATablet.ValueSet(c.id), SAState.ValueSet(string(state)), SAReplica.ValueSet(replica)),
 		})
 		fut := workflow.ExecuteChildWorkflow(cctx, TabletWorkflow, TabletInput{
 			Stream: s.id, Tablet: c.id, Config: s.cfg, Start: c.start, Tablets: total, Retention: s.st.Retention,
-			Exclude: s.exclusions(workflow.Now(ctx)),
+			Exclude: s.exclusions(workflow.Now(ctx)), First: c.first,
 		}, c.state)
 		futs = append(futs, started{c.id, fut})
 	}

@@ -79,9 +79,18 @@ func (s *stream) readTopology(ctx, actx workflow.Context, out workflow.Channel) 
 			StartToCloseTimeout: 10 * time.Second, ScheduleToCloseTimeout: topologyBound, Summary: "list tablets",
 			RetryPolicy: readRetry(),
 		})
-		if s.slimTopology {
+		switch {
+		case s.slimTopology && len(s.st.Tablets) == 0 && s.st.Stop == nil &&
+			workflow.GetVersion(gctx, changeFirstPicks, workflow.DefaultVersion, 1) >= 1:
+			// A new stream about to start its tablets: with their first
+			// replicas picked.
+			r.err = workflow.ExecuteActivity(lctx, a.ReadTopologyAndPick, activities.PickInput{
+				Stream: s.id, Source: s.cfg.Source, Selection: s.cfg.Selection,
+				Operator: s.exclusions(workflow.Now(gctx)), Max: maxChildrenPerRun,
+			}).Get(gctx, &r.topology)
+		case s.slimTopology:
 			r.err = workflow.ExecuteActivity(lctx, a.ReadTopology, s.cfg.Source).Get(gctx, &r.topology)
-		} else {
+		default:
 			var tablets []source.Tablet
 			r.err = workflow.ExecuteActivity(lctx, a.ListTablets, s.cfg.Source).Get(gctx, &tablets)
 			r.topology = activities.TopologyOf(tablets)
@@ -207,9 +216,9 @@ func (s *stream) applyListing(ctx workflow.Context, topo activities.Topology) {
 		s.log.Info("starting tablets in waves: the rest in the next run", "now", len(now), "waiting", len(fresh)-len(now))
 		s.deferred = true
 	}
-	s.startTablets(ctx, now, source.Checkpoint{})
+	s.startTablets(ctx, now, source.Checkpoint{}, topo.Picks)
 	for _, h := range handoffs {
-		s.startTablets(ctx, byHandoff[h], h)
+		s.startTablets(ctx, byHandoff[h], h, nil)
 	}
 }
 

@@ -51,7 +51,11 @@ var errStreamGone = errors.New("stream workflow is closed")
 // are in tablet_run.go, reports in tablet_report.go.
 func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error {
 	t := &tablet{in: in, st: st, log: workflow.GetLogger(ctx)}
-	if workflow.GetVersion(ctx, changeTabletBaseline, workflow.DefaultVersion, 1) >= 1 {
+	// A tablet given its first replica was started by a stream with
+	// changeFirstPicks, which postdates every change below: it asks for
+	// no version at all (each one asked is a marker and a visibility
+	// write at the tablet's start).
+	if in.First != nil || workflow.GetVersion(ctx, changeTabletBaseline, workflow.DefaultVersion, 1) >= 1 {
 		t.version, t.quietStart, t.paced, t.reroute, t.signalHandling = versionDurable, true, true, true, true
 	} else { // a tablet started before changeTabletBaseline: each change asked for
 		t.version = workflow.GetVersion(ctx, changeDurable, workflow.DefaultVersion, versionDurable)
@@ -62,6 +66,18 @@ func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error
 	}
 	if t.st == nil {
 		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
+		if in.First != nil {
+			// The stream picked its first replica and made its row (and
+			// its search attributes) Streaming on it (changeFirstPicks):
+			// no picker now, and no report until there is news.
+			first := *in.First
+			t.current = &first
+			t.st.Selected = true
+			t.st.Status.State, t.st.Status.Replica = Streaming, first.Replica.Alias
+			t.st.Status.Updated = workflow.Now(ctx)
+			t.st.LastReport = workflow.Now(ctx)
+			t.in.First = nil // used: not carried into a continue-as-new
+		}
 	}
 	if !t.st.Intents {
 		// A state from before the intents were carried: derive the pause.

@@ -9,6 +9,7 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/source"
 )
@@ -157,6 +158,9 @@ type TabletInput struct {
 	// started: its first selection uses it instead of querying the stream
 	// (which is busy starting every tablet); later ones read the live list.
 	Exclude config.ExcludeList `json:"exclude,omitempty"`
+	// First is the replica the stream picked for the tablet's first run
+	// (changeFirstPicks); nil: the tablet selects one itself.
+	First *activities.Selection `json:"first,omitempty"`
 }
 
 // TabletState is everything a TabletWorkflow carries across

@@ -27,6 +27,17 @@ const goodConfig = `{
 }`
 
 func newEnv(t *testing.T) *testsuite.TestWorkflowEnvironment {
+	env := newPicksEnv(t)
+	// Streams read their first topology without picks unless a test asks
+	// for them (newPicksEnv): the tests of the stream's other behaviour
+	// mock ReadTopology.
+	env.OnGetVersion(changeFirstPicks, workflow.DefaultVersion, 1).Return(workflow.DefaultVersion).Maybe()
+	return env
+}
+
+// newPicksEnv is a test environment whose streams' first topology read
+// picks their tablets' first replicas (changeFirstPicks).
+func newPicksEnv(t *testing.T) *testsuite.TestWorkflowEnvironment {
 	var s testsuite.WorkflowTestSuite
 	env := s.NewTestWorkflowEnvironment()
 	env.RegisterActivity(a)

@@ -583,8 +583,8 @@ func scaleRow(r *results, id, file, setup string) row {
 }
 
 // streamingTimes describes how long the scale run took to get its tablets
-// streaming: 1,000 of them (the goal's size) when the timeline has it, and
-// all of them.
+// streaming: 1,000 of them (the goal's size) when the timeline has it, all
+// of them, and every tablet read from by tabletd.
 func streamingTimes(o object) []string {
 	var out []string
 	for _, point := range o.objects("timeline") {
@@ -602,6 +602,12 @@ func streamingTimes(o object) []string {
 		out = append(out, "not all tablets reached Streaming")
 	case okSeconds:
 		out = append(out, fmt.Sprintf("all streaming after %s s", fixed(seconds, 0)))
+	}
+	// A row is Streaming once the stream picked its replica (a new
+	// stream's tablets from their start): tabletd having served every
+	// tablet says they all read.
+	if served, ok := o.num("all_served_s"); ok && served > 0 {
+		out = append(out, fmt.Sprintf("every tablet read from after %s s", fixed(served, 0)))
 	}
 	return out
 }

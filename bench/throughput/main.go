@@ -222,6 +222,7 @@ func run() error {
 	bulkProfile := flag.String("bulk-cpu-profile", "", "write the worker's Go CPU profile over the first 4 s of each case's bulk run to this file with the tablet count appended (.16, .64)")
 	linger := flag.Duration("linger", 0, "the stream's batch.linger (the group commit's wait); 0: the config's default")
 	maxWait := flag.Duration("max-wait", 0, "the stream's batch.maxWait (an idle tablet's long poll); 0: the config's default")
+	heartbeat := flag.Duration("heartbeat-timeout", 0, "the stream's run.heartbeatTimeout (the SDK sends a heartbeat every 0.8 × this); 0: the config's default")
 	devServer := procs.DevServerFlags()
 	idle := flag.Duration("idle", 30*time.Second, "after the live window, how long to measure the worker with every tablet caught up and no records (0: not measured)")
 	pairs := flag.Int("pairs", 3, "raw loop and tabletflow runs per case (odd pairs but the last run tabletflow first); the goal is judged on the median pair")
@@ -243,7 +244,7 @@ func run() error {
 		return fmt.Errorf("--pairs: %d; at least 1", *pairs)
 	}
 	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
-		cpuProfile: *cpuProfile, idleProfile: *idleProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, maxWait: *maxWait, pairs: *pairs, idle: *idle, keep: *keep}
+		cpuProfile: *cpuProfile, idleProfile: *idleProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, maxWait: *maxWait, heartbeat: *heartbeat, pairs: *pairs, idle: *idle, keep: *keep}
 	// The first count's case is the top level of the result (with the live
 	// measurement); the others follow in "cases".
 	var res result
@@ -276,6 +277,7 @@ type caseConfig struct {
 	devServer   []string
 	linger      time.Duration
 	maxWait     time.Duration
+	heartbeat   time.Duration
 	pairs       int
 	idle        time.Duration // the idle window after the live one; 0: none
 	keep        bool
@@ -289,7 +291,7 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 	if err != nil {
 		return res, err
 	}
-	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, idleProfile: c.idleProfile, devServer: c.devServer, linger: c.linger, maxWait: c.maxWait}
+	b := &bench{procs: procs.Group{Bin: c.bin, Dir: dir}, cpuProfile: c.cpuProfile, idleProfile: c.idleProfile, devServer: c.devServer, linger: c.linger, maxWait: c.maxWait, heartbeat: c.heartbeat}
 	failed := true
 	defer func() {
 		b.procs.StopAll()
@@ -516,6 +518,7 @@ type bench struct {
 	devServer    []string      // extra dev server arguments
 	linger       time.Duration // the stream's batch.linger; 0: the default
 	maxWait      time.Duration // the stream's batch.maxWait; 0: the default
+	heartbeat    time.Duration // the stream's run.heartbeatTimeout; 0: the default
 	flowStart    time.Time     // when the StreamWorkflow was started
 	flowID       string        // the last StreamWorkflow started: the live window's stream
 }
@@ -771,8 +774,8 @@ func (b *bench) flow(ctx context.Context, id, dir string, total uint64) (flowRes
 		return res, err
 	}
 	// batch.maxWait, run.duration, heartbeatTimeout and linger: the
-	// defaults, what a user gets, unless --linger or --max-wait say
-	// otherwise.
+	// defaults, what a user gets, unless --linger, --max-wait or
+	// --heartbeat-timeout say otherwise.
 	batch := map[string]any{"maxRecords": batchSize}
 	if b.linger > 0 {
 		batch["linger"] = b.linger.String()
@@ -780,13 +783,17 @@ func (b *bench) flow(ctx context.Context, id, dir string, total uint64) (flowRes
 	if b.maxWait > 0 {
 		batch["maxWait"] = b.maxWait.String()
 	}
-	cfg, err := json.Marshal(map[string]any{
+	stream := map[string]any{
 		"source": map[string]any{"kind": "tabletd", "address": b.tdAddr, "keyspace": keyspace},
 		"sink":   map[string]any{"kind": "jsonl", "path": dir},
 		// The raw loop reads PRIMARY replicas; so does this (first choice).
 		"selection": map[string]any{"tabletTypes": []string{"PRIMARY", "REPLICA", "RDONLY"}},
 		"batch":     batch,
-	})
+	}
+	if b.heartbeat > 0 {
+		stream["run"] = map[string]any{"heartbeatTimeout": b.heartbeat.String()}
+	}
+	cfg, err := json.Marshal(stream)
 	if err != nil {
 		return res, err
 	}
