@@ -469,8 +469,11 @@ func (s *stream) startTablets(ctx workflow.Context, ids []string, start source.C
 		c := childStart{id: id, start: start}
 		if p, ok := picks[id]; ok {
 			// Its first replica picked (changeFirstPicks): the tablet starts
-			// streaming from it and does not report that it does.
-			row.State, row.Replica, row.Updated = Streaming, p.Replica.Alias, workflow.Now(ctx)
+			// streaming from it and does not report that it does; its row
+			// is Streaming once its workflow started (startChildren). The
+			// row's time is from before the tablet's first report, so that
+			// report is never taken for a stale one.
+			row.Replica, row.Updated = p.Replica.Alias, workflow.Now(ctx)
 			c.first = &p
 		}
 		s.st.Tablets[id] = row
@@ -493,8 +496,9 @@ type childStart struct {
 // holds, and waits until each has started (or failed to).
 func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 	type started struct {
-		id  string
-		fut workflow.ChildWorkflowFuture
+		id    string
+		first *activities.Selection
+		fut   workflow.ChildWorkflowFuture
 	}
 	var futs []started
 	total := len(s.st.Tablets)
@@ -515,7 +519,7 @@ func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 			Stream: s.id, Tablet: c.id, Config: s.cfg, Start: c.start, Tablets: total, Retention: s.st.Retention,
 			Exclude: s.exclusions(workflow.Now(ctx)), First: c.first,
 		}, c.state)
-		futs = append(futs, started{c.id, fut})
+		futs = append(futs, started{c.id, c.first, fut})
 	}
 	for _, f := range futs {
 		var exec workflow.Execution
@@ -523,6 +527,11 @@ func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 		switch {
 		case err == nil:
 			s.log.Info("tablet workflow started", "tablet", f.id, "workflowID", exec.ID)
+			if row := s.st.Tablets[f.id]; f.first != nil && row.State == Starting {
+				// Started on the replica picked for it, which it reads now
+				// (its reports, if any came meanwhile, are handled after).
+				row.State = Streaming
+			}
 		case temporal.IsWorkflowExecutionAlreadyStartedError(err):
 			s.log.Info("adopting the running tablet workflow", "tablet", f.id)
 		default:

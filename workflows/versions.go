@@ -105,8 +105,8 @@ const (
 	// changeFirstPicks: a new stream's first topology read also runs the
 	// tablet picker for its tablets (ReadTopologyAndPick); the stream
 	// starts each tablet it picked for with that replica
-	// (TabletInput.First), its row and search attributes already
-	// Streaming on it. Such a tablet runs no picker and sends no report
+	// (TabletInput.First), its search attributes Streaming on it and its
+	// row Streaming once its workflow has started. Such a tablet runs no picker and sends no report
 	// at its start: one workflow task, no signal, and no workflow task of
 	// the stream's per tablet, which at tens of tablets starting together
 	// was most of their start-up. Asked for only by a stream's first
