@@ -499,20 +499,15 @@ func TestTabletsFirstReportSaysStreamingNotStarting(t *testing.T) {
 	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
 	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 2}, nil)
 	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(activities.GetChangesResult{Checkpoint: cp(10), Stopped: activities.StoppedRunEnded}, nil).After(time.Minute)
-	var reports []TabletStatus
-	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(
-		func(_, _, _, _ string, arg any) error {
-			reports = append(reports, arg.(TabletStatus))
-			return nil
-		})
+	reports := recordReports(env)
 	env.RegisterDelayedCallback(env.CancelWorkflow, 30*time.Second)
 	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, (*TabletState)(nil))
 
 	// The stream made the Starting row itself: thousands of tablets
 	// starting at once send it one signal each, not two.
-	require.Len(t, reports, 1)
-	require.Equal(t, Streaming, reports[0].State)
-	require.Equal(t, int64(1), reports[0].Seq)
+	require.Len(t, reports.got, 1)
+	require.Equal(t, Streaming, reports.got[0].State)
+	require.Equal(t, int64(1), reports.got[0].Seq)
 }
 
 func TestStreamSaysWhenATabletsWorkflowTaskKeepsFailing(t *testing.T) {

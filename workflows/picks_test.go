@@ -103,15 +103,10 @@ func TestTabletStartsOnTheReplicaTheStreamPicked(t *testing.T) {
 			runs = append(runs, in)
 			return activities.GetChangesResult{Checkpoint: cp(10), Records: 10, Stopped: activities.StoppedRunEnded}, nil
 		}).After(time.Minute)
-	var reports []TabletStatus
-	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(
-		func(_, _, _, _ string, arg any) error {
-			reports = append(reports, arg.(TabletStatus))
-			return nil
-		}).Maybe()
+	reports := recordReports(env)
 	var st TabletStatus
 	early := -1
-	env.RegisterDelayedCallback(func() { st, early = queryStatus[TabletStatus](t, env), len(reports) }, 30*time.Second)
+	env.RegisterDelayedCallback(func() { st, early = queryStatus[TabletStatus](t, env), len(reports.got) }, 30*time.Second)
 	env.RegisterDelayedCallback(env.CancelWorkflow, 90*time.Second)
 	first := activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 2}
 	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1, First: &first},

@@ -183,12 +183,7 @@ func TestTabletKeepsItsCheckpointAndReplicaAcrossRunsAndReportsIt(t *testing.T) 
 			next += 10
 			return activities.GetChangesResult{Checkpoint: cp(next), Records: 10, Batches: 1, Stopped: activities.StoppedRunEnded}, nil
 		}).After(time.Minute)
-	var reports []TabletStatus
-	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(
-		func(_, _, _, _ string, arg any) error {
-			reports = append(reports, arg.(TabletStatus))
-			return nil
-		})
+	reports := recordReports(env)
 	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
 	var status TabletStatus
 	env.RegisterDelayedCallback(func() {
@@ -207,8 +202,8 @@ func TestTabletKeepsItsCheckpointAndReplicaAcrossRunsAndReportsIt(t *testing.T) 
 	require.Equal(t, Streaming, status.State)
 	require.Equal(t, "zone1-0000000101", status.Replica)
 	require.Equal(t, int64(50), status.Records)
-	require.NotEmpty(t, reports)
-	require.Equal(t, Streaming, reports[len(reports)-1].State)
+	require.NotEmpty(t, reports.got)
+	require.Equal(t, Streaming, reports.got[len(reports.got)-1].State)
 }
 
 func TestOneTabletsFailuresDoNotDelayAnothersActivities(t *testing.T) {
