@@ -122,8 +122,9 @@ type PickInput struct {
 // does, over the same listing, skipping in.Operator) for each listed
 // tablet whose log has not ended in a split, up to in.Max in listing
 // order, so that the stream starts each with its first replica chosen
-// (TabletInput.First) and makes its row Streaming: a tablet then sends
-// no report and runs no picker of its own at its start. A tablet with no
+// (TabletInput.First), its row Streaming once the tablet's workflow has
+// started: a tablet then sends no report and runs no picker of its own
+// at its start. A tablet with no
 // eligible replica gets no pick: it selects, and says why, itself.
 func (a *Activities) ReadTopologyAndPick(ctx context.Context, in PickInput) (Topology, error) {
 	tablets, err := a.ListTablets(ctx, in.Source)

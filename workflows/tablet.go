@@ -67,9 +67,10 @@ func TabletWorkflow(ctx workflow.Context, in TabletInput, st *TabletState) error
 	if t.st == nil {
 		t.st = &TabletState{Checkpoint: in.Start, Status: TabletStatus{ID: in.Tablet, State: Starting, Checkpoint: in.Start, Start: in.Start}}
 		if in.First != nil {
-			// The stream picked its first replica and made its row (and
-			// its search attributes) Streaming on it (changeFirstPicks):
-			// no picker now, and no report until there is news.
+			// The stream picked its first replica, started it with its
+			// search attributes Streaming on it and makes its row
+			// Streaming once this workflow started (changeFirstPicks): no
+			// picker now, and no report until there is news.
 			first := *in.First
 			t.current = &first
 			t.st.Selected = true
