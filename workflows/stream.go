@@ -496,9 +496,8 @@ type childStart struct {
 // holds, and waits until each has started (or failed to).
 func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 	type started struct {
-		id    string
-		first *activities.Selection
-		fut   workflow.ChildWorkflowFuture
+		childStart
+		fut workflow.ChildWorkflowFuture
 	}
 	var futs []started
 	total := len(s.st.Tablets)
@@ -519,7 +518,7 @@ func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 			Stream: s.id, Tablet: c.id, Config: s.cfg, Start: c.start, Tablets: total, Retention: s.st.Retention,
 			Exclude: s.exclusions(workflow.Now(ctx)), First: c.first,
 		}, c.state)
-		futs = append(futs, started{c.id, c.first, fut})
+		futs = append(futs, started{c, fut})
 	}
 	for _, f := range futs {
 		var exec workflow.Execution
