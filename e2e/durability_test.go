@@ -383,7 +383,12 @@ func TestStopPauseResumeUnderFrequentContinueAsNew(t *testing.T) {
 		require.True(t, ok, "stream %s: every tablet Stopped: %s", s, seen)
 		for _, id := range ids {
 			wid := workflows.TabletWorkflowID(s, id)
-			require.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, e.describe(wid, "").WorkflowExecutionInfo.Status, wid)
+			// Its terminal report reached the stream before it completes:
+			// it still waits for the report's confirmation (a workflow task).
+			e.eventually(wid+" completed", 30*time.Second, func() (bool, string) {
+				status := e.describe(wid, "").WorkflowExecutionInfo.Status
+				return status == enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, status.String()
+			})
 			require.True(t, signalled(e.history(wid, ""), workflows.SignalTabletCommand, `"stop"`),
 				"%s: its completed run received the stop itself", wid)
 		}
