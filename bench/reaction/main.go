@@ -581,6 +581,10 @@ func down(c client.Client, dir string, repeats int) (summary, error) {
 // fast ones (2026-12-02), where the pairs' ratios spread from 0.95 to 1.08.
 const isolationBacklog = 4_000_000
 
+// preloadRate is tabletd's highest workload rate: the backlog is written
+// as fast as tabletd can, and the workload stops when it is written.
+const preloadRate = 10_000_000
+
 // isolation drains the same backlog on 16 tablets from one stream after
 // another, in pairs: fault-free, then with every replica of t-0001
 // failing (UNAVAILABLE); each pair's ratio compares the 15 healthy
@@ -607,7 +611,7 @@ func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
 			return nil, err
 		}
 	}
-	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RATE, Rate: 100000}); err != nil {
+	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RATE, Rate: preloadRate}); err != nil {
 		return nil, err
 	}
 	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RESUME}); err != nil {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -105,7 +106,7 @@ func (w *workload) loop() {
 			last = now
 			if n := int(due); n > 0 {
 				due -= float64(n)
-				w.write(n)
+				w.generate(n, true)
 			}
 		}
 	}
@@ -139,10 +140,22 @@ func (w *workload) control(req *sourcepb.WorkloadRequest) (*sourcepb.WorkloadRes
 	return &sourcepb.WorkloadResponse{State: w.state, Rate: w.rate, Records: w.written}, nil
 }
 
-// write generates and appends n records.
-func (w *workload) write(n int) {
+// write generates and appends n records, whatever the workload's state.
+func (w *workload) write(n int) { w.generate(n, false) }
+
+// generate makes and appends up to n records; with whileRunning it stops
+// as soon as the workload is paused or stopped. A rate above what tabletd
+// can write makes the loop fall behind and catch up in ever larger steps;
+// a pause cuts the step it lands in, so nothing is written after PAUSE
+// answers, and a preload can ask for "as fast as you can" (a rate far
+// above that) without overshooting.
+func (w *workload) generate(n int, whileRunning bool) {
 	for range n {
 		w.mu.Lock()
+		if whileRunning && w.state != stateRunning {
+			w.mu.Unlock()
+			return
+		}
 		r, h := w.next()
 		w.written++
 		w.mu.Unlock()
@@ -295,11 +308,61 @@ func (rs *rowSet) remove(id int64) {
 	delete(rs.rows, id)
 }
 
-func keyJSON(id int64) []byte { return mustJSON(map[string]any{"id": id}) }
+// keyJSON is a row's key, {"id":N}: what mustJSON makes of it.
+func keyJSON(id int64) []byte {
+	return append(strconv.AppendInt(append(make([]byte, 0, 24), `{"id":`...), id, 10), '}')
+}
 
 // mustJSON encodes workload rows, which are maps of strings and integers and
-// always encode; the keys come out sorted (canonical form).
+// always encode; the keys come out sorted (canonical form). It writes the
+// bytes encoding/json would, without its reflection over a map (most of
+// what generating a record cost): integers and plain strings directly,
+// anything else through encoding/json.
 func mustJSON(v map[string]any) []byte {
+	keys := make([]string, 0, 8)
+	for k := range v {
+		if !plainJSONString(k) {
+			return marshalRow(v)
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	b := make([]byte, 0, 128)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(append(append(b, '"'), k...), '"', ':')
+		switch x := v[k].(type) {
+		case int:
+			b = strconv.AppendInt(b, int64(x), 10)
+		case int64:
+			b = strconv.AppendInt(b, x, 10)
+		case string:
+			if !plainJSONString(x) {
+				return marshalRow(v)
+			}
+			b = append(append(append(b, '"'), x...), '"')
+		default:
+			return marshalRow(v)
+		}
+	}
+	return append(b, '}')
+}
+
+// plainJSONString reports whether encoding/json writes s as is between
+// quotes: printable ASCII without the characters it escapes.
+func plainJSONString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}
+
+func marshalRow(v map[string]any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
 		panic(fmt.Sprintf("workload row does not encode: %v", err)) // a programming error
