@@ -691,6 +691,29 @@ func TestGetChangesWaitingForAReadStopsWhenItsReplicaIsExcluded(t *testing.T) {
 	require.Equal(t, cp(3), res.Checkpoint)
 }
 
+// On the real clock and the default recheck (DefaultRecheck, far longer
+// than this run), a quiet tablet's run ends at its deadline: the run's
+// timer wakes it, not the periodic check.
+func TestGetChangesQuietRunEndsAtItsDeadlineWithoutTheRecheck(t *testing.T) {
+	r := newRig(t)
+	r.a.Now, r.a.RecheckEvery = nil, 0
+	r.src.poll = func(ctx context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+		if n == 0 {
+			return batch(1, 3), nil
+		}
+		<-ctx.Done() // a quiet tablet: no read comes back before the run ends
+		return source.Batch{}, ctx.Err()
+	}
+	in := input()
+	in.Batch.MaxWait = config.Duration(time.Hour)
+	in.RunFor = config.Duration(300 * time.Millisecond)
+	began := time.Now()
+	res, err := r.runWithin(t, in, "the quiet run did not end")
+	require.NoError(t, err)
+	require.Equal(t, StoppedRunEnded, res.Stopped)
+	require.Less(t, time.Since(began), DefaultRecheck/2, "the run ended at a recheck, not at its deadline")
+}
+
 // Tablets picking replicas at once, with no copy of the exclude
 // list on the worker, share one query of the stream instead of sending
 // one each.
