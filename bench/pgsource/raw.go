@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/tabletflow/tabletflow/internal/jsontext"
 	"github.com/tabletflow/tabletflow/source/postgres"
 )
 
@@ -200,7 +201,7 @@ func (l *rawLoop) add(rel uint32, op string, oldType uint8, old, new *pglogrepl.
 		return fmt.Errorf("%s on relation %d before its description", op, rel)
 	}
 	b := append(l.body, `,"table":`...)
-	b = appendJSONString(b, r.table)
+	b = jsontext.AppendString(b, r.table)
 	b = append(b, `,"op":"`...)
 	b = append(b, op...)
 	b = append(b, `","key":`...)
@@ -318,7 +319,7 @@ func appendTuple(b []byte, r *rawRelation, t, fill *pglogrepl.TupleData, only []
 			b = append(b, ',')
 		}
 		n++
-		b = appendJSONString(b, c.Name)
+		b = jsontext.AppendString(b, c.Name)
 		b = append(b, ':')
 		switch v.DataType {
 		case pglogrepl.TupleDataTypeNull:
@@ -367,20 +368,5 @@ func appendValue(b []byte, oid uint32, text []byte) []byte {
 			return append(b, text...)
 		}
 	}
-	return appendJSONString(b, text)
-}
-
-// appendJSONString appends s as encoding/json writes a string: printable
-// ASCII other than the characters it escapes is copied, anything else
-// goes through json.Marshal.
-func appendJSONString[S ~string | ~[]byte](b []byte, s S) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			q, _ := json.Marshal(string(s)) // a string always marshals
-			return append(b, q...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
+	return jsontext.AppendString(b, text)
 }

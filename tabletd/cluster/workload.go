@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tabletflow/tabletflow/internal/jsontext"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 )
 
@@ -316,50 +317,32 @@ func keyJSON(id int64) []byte {
 // mustJSON encodes workload rows, which are maps of strings and integers and
 // always encode; the keys come out sorted (canonical form). It writes the
 // bytes encoding/json would, without its reflection over a map (most of
-// what generating a record cost): integers and plain strings directly,
-// anything else through encoding/json.
+// what generating a record cost): integers and strings directly, a row
+// holding anything else through encoding/json.
 func mustJSON(v map[string]any) []byte {
-	keys := make([]string, 0, 8)
+	keys := make([]string, 0, len(v))
 	for k := range v {
-		if !plainJSONString(k) {
-			return marshalRow(v)
-		}
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	b := make([]byte, 0, 128)
-	b = append(b, '{')
+	b := append(make([]byte, 0, 128), '{')
 	for i, k := range keys {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(append(append(b, '"'), k...), '"', ':')
+		b = append(jsontext.AppendString(b, k), ':')
 		switch x := v[k].(type) {
 		case int:
 			b = strconv.AppendInt(b, int64(x), 10)
 		case int64:
 			b = strconv.AppendInt(b, x, 10)
 		case string:
-			if !plainJSONString(x) {
-				return marshalRow(v)
-			}
-			b = append(append(append(b, '"'), x...), '"')
+			b = jsontext.AppendString(b, x)
 		default:
 			return marshalRow(v)
 		}
 	}
 	return append(b, '}')
-}
-
-// plainJSONString reports whether encoding/json writes s as is between
-// quotes: printable ASCII without the characters it escapes.
-func plainJSONString(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			return false
-		}
-	}
-	return true
 }
 
 func marshalRow(v map[string]any) []byte {
