@@ -60,7 +60,8 @@ type fakeSource struct {
 
 	mu      sync.Mutex
 	reqs    []source.ChangesRequest
-	readers []string // the replica each of reqs went to
+	sent    []time.Time // when each of reqs came in (the real clock)
+	readers []string    // the replica each of reqs went to
 }
 
 var _ source.Source = (*fakeSource)(nil)
@@ -102,6 +103,13 @@ func (s *fakeSource) requests() []source.ChangesRequest {
 	return append([]source.ChangesRequest(nil), s.reqs...)
 }
 
+// sentAt returns when the GetChanges requests so far came in.
+func (s *fakeSource) sentAt() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.sent...)
+}
+
 type fakeReader struct {
 	s     *fakeSource
 	alias string
@@ -111,6 +119,7 @@ func (r fakeReader) GetChanges(ctx context.Context, req source.ChangesRequest) (
 	r.s.mu.Lock()
 	n := len(r.s.reqs)
 	r.s.reqs = append(r.s.reqs, req)
+	r.s.sent = append(r.s.sent, time.Now())
 	r.s.readers = append(r.s.readers, r.alias)
 	r.s.mu.Unlock()
 	return r.s.poll(ctx, n, req)

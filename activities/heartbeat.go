@@ -5,30 +5,36 @@ import (
 	"time"
 )
 
-// heartbeater records GetChanges' heartbeat details: when a batch is
-// committed (committed: at once, or within recordGap of the last
-// recording), when an attempt fails (set), and in between from a
-// goroutine at a steady interval,
-// so that a slow poll, a slow commit or slow start-up checks never leave
-// the heartbeat timeout without a heartbeat. (An attempt that times out
-// while it still holds the sink's writer lock makes the next attempt find
-// the tablet locked.) The details are only ever what set, committed or
-// update was last given: the latest committed progress, never ahead of the sink.
+// heartbeater records GetChanges' heartbeat details: when an attempt
+// fails or moves (set), and otherwise from a goroutine at a steady
+// interval, on the grid the worker's tablets share (onGrid), so that a
+// slow poll, a slow commit or slow start-up checks never leave the
+// heartbeat timeout without a heartbeat, and an idle worker's tablets
+// record together. A commit's progress (committed) waits for the next of
+// those recordings: the SDK sends details to the server at most once per
+// its throttle interval (0.8 × the heartbeat timeout) anyway, the latest
+// recorded, and recording encodes them, which once per commit was a
+// twentieth of a live worker's CPU. Without a heartbeat timeout there is
+// no steady interval, and every commit is recorded. (An attempt that
+// times out while it still holds the sink's writer lock makes the next
+// attempt find the tablet locked.) The details are only ever what set,
+// committed or update was last given: the latest committed progress,
+// never ahead of the sink.
 type heartbeater struct {
 	record func(Heartbeat)
 	every  time.Duration
 
-	mu       sync.Mutex // held while recording, so details never go back
-	latest   Heartbeat
-	recorded time.Time // when details were last recorded
+	mu     sync.Mutex // held while recording, so details never go back
+	latest Heartbeat
 
 	quit chan struct{}
 	done chan struct{}
 }
 
 // startHeartbeats returns a heartbeater holding first, which it does not
-// record yet. With every > 0 it records the latest details every interval
-// until stop; with every <= 0 (no heartbeat timeout) only set records.
+// record yet. With every > 0 it records the latest details at least every
+// interval (on onGrid's grid) until stop; with every <= 0 (no heartbeat
+// timeout) only set and committed record.
 func startHeartbeats(record func(Heartbeat), first Heartbeat, every time.Duration) *heartbeater {
 	h := &heartbeater{record: record, every: every, latest: first, quit: make(chan struct{}), done: make(chan struct{})}
 	if every <= 0 {
@@ -41,7 +47,7 @@ func startHeartbeats(record func(Heartbeat), first Heartbeat, every time.Duratio
 
 func (h *heartbeater) loop(every time.Duration) {
 	defer close(h.done)
-	tick := time.NewTicker(every)
+	tick := time.NewTimer(onGrid(time.Now(), every))
 	defer tick.Stop()
 	for {
 		select {
@@ -51,6 +57,7 @@ func (h *heartbeater) loop(every time.Duration) {
 			h.mu.Lock()
 			h.recordLocked()
 			h.mu.Unlock()
+			tick.Reset(onGrid(time.Now(), every))
 		}
 	}
 }
@@ -63,27 +70,19 @@ func (h *heartbeater) set(hb Heartbeat) {
 	h.recordLocked()
 }
 
-// recordGap: committed records at most this often. Recording encodes the
-// details (the SDK sends them to the server at most once per its own
-// throttle interval, the latest recorded), and a live tablet commits
-// every linger: once per commit was a twentieth of a live worker's CPU.
-const recordGap = time.Second
-
-// committed makes hb, a commit's progress, the latest details, and
-// records them now if the last recording is recordGap old; otherwise the
-// next recording (a later commit's or the steady interval's) carries them.
+// committed makes hb, a commit's progress, the latest details: recorded
+// at the next steady heartbeat, or now if there is none.
 func (h *heartbeater) committed(hb Heartbeat) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.latest = hb
-	if h.every <= 0 || time.Since(h.recorded) >= recordGap {
+	if h.every <= 0 {
 		h.recordLocked()
 	}
 }
 
 func (h *heartbeater) recordLocked() {
 	h.record(h.latest)
-	h.recorded = time.Now()
 }
 
 // update makes hb the latest details, for the next heartbeat.

@@ -75,10 +75,13 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 		began := now()
 		// Acknowledgements go out between reads: while one is owed, a read
 		// that finds nothing returns when it is due (ackWait); once the
-		// source has heard of everything, an idle read waits maxWait.
+		// source has heard of everything, an idle read waits up to
+		// maxWait, ending on the grid the worker's tablets share (onGrid).
 		r := req
 		if wait, owed := p.ackWait(req.From, drained, backlog); owed {
 			r.MaxWait = min(r.MaxWait, wait)
+		} else {
+			r.MaxWait = onGrid(time.Now(), r.MaxWait)
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.MaxWait+pollSlack)
 		b, err := p.rd.GetChanges(pctx, r)
@@ -139,6 +142,23 @@ func lingerFor(now time.Time, linger time.Duration) time.Duration {
 		d += linger
 	}
 	return d
+}
+
+// onGrid is how long a periodic wait of about period starts at now: until
+// the first multiple of period/2 on the clock more than period/2 away, so
+// between half a period and a whole one, never longer. Waits set this way
+// by the worker's tablets (an idle read's batch.maxWait, the heartbeat
+// interval) end together, at the same few instants, rather than each at
+// its own time: an idle worker wakes once for all its tablets, and a wake
+// from idle is most of what an idle read or a heartbeat costs (the Go
+// runtime's scheduler and sysmon, cold caches). A tablet in step waits
+// exactly period; one joining waits at least half of it.
+func onGrid(now time.Time, period time.Duration) time.Duration {
+	half := period / 2
+	if half <= 0 {
+		return period
+	}
+	return period - time.Duration(now.UnixNano()%int64(half))
 }
 
 // ack asks for cp (committed to the sink) to be acknowledged to the source

@@ -93,8 +93,9 @@ func TestPollerAcknowledgesTheEndOfABacklogAtOnce(t *testing.T) {
 // ackPoll while the source has yet to hear of what was handed over,
 // though an acknowledgement went out just now (they are otherwise at most
 // one per ackEvery): the source hears soon after the commit that the
-// tablet caught up. Once it has, an idle replica's read waits the whole
-// maxWait (one call per maxWait is what an idle tablet costs).
+// tablet caught up. Once it has, an idle replica's read waits up to
+// maxWait, to the grid the worker's tablets share (one call per maxWait is
+// what an idle tablet costs).
 func TestPollerWaitsBrieflyAtTheEndOfABacklog(t *testing.T) {
 	const maxWait = time.Minute
 	firstAcked := make(chan struct{}) // the second read returns after the first commit
@@ -125,7 +126,7 @@ func TestPollerWaitsBrieflyAtTheEndOfABacklog(t *testing.T) {
 	require.NoError(t, empty.err)
 	require.Empty(t, empty.batch.Records)
 	reqs := src.requests()
-	require.Equal(t, maxWait, reqs[0].MaxWait, "nothing owed yet: the first read waits maxWait")
+	requireIdleWait(t, maxWait, reqs[0], src.sentAt()[0], "nothing owed yet: the first read waits up to maxWait, to the grid")
 	require.Equal(t, ackPoll, reqs[2].MaxWait, "the backlog's last acknowledgement owed: a short read")
 
 	p.ack(last.batch.Checkpoint) // committed
@@ -140,8 +141,22 @@ func TestPollerWaitsBrieflyAtTheEndOfABacklog(t *testing.T) {
 	require.Equal(t, []string{"ack 1.3", "ack 1.6"}, src.log.list())
 	require.Eventually(t, func() bool {
 		reqs := src.requests()
-		return reqs[len(reqs)-1].MaxWait == maxWait
-	}, 5*time.Second, 5*time.Millisecond, "once acknowledged, the idle read waits maxWait")
+		return reqs[len(reqs)-1].MaxWait > ackPoll
+	}, 5*time.Second, 5*time.Millisecond, "once acknowledged, the idle read waits longer")
+	reqs, sent := src.requests(), src.sentAt()
+	requireIdleWait(t, maxWait, reqs[len(reqs)-1], sent[len(reqs)-1], "once acknowledged, the idle read waits up to maxWait, to the grid")
+}
+
+// requireIdleWait checks an idle read's wait: more than half of maxWait,
+// at most maxWait, and ending on a multiple of half of it (onGrid), the
+// grid the worker's tablets share.
+func requireIdleWait(t *testing.T, maxWait time.Duration, req source.ChangesRequest, sent time.Time, msg string) {
+	t.Helper()
+	require.Greater(t, req.MaxWait, maxWait/2, msg)
+	require.LessOrEqual(t, req.MaxWait, maxWait, msg)
+	end := time.Duration(sent.Add(req.MaxWait).UnixNano() % int64(maxWait/2))
+	require.True(t, end < 50*time.Millisecond || end > maxWait/2-50*time.Millisecond,
+		"%s: ends %v past a multiple of maxWait/2", msg, end)
 }
 
 // A trickle's acknowledgements keep their pace (one per ackEvery): while

@@ -160,9 +160,9 @@ const commitTimeout = 30 * time.Second
 // heartbeat, the sink's stored checkpoint and in.Checkpoint; a sink that
 // is behind a checkpoint committed to it (lost data) is SinkFailed, except
 // a sink that holds nothing yet for a tablet still at in.Start. Heartbeats carry the latest committed progress
-// and are recorded after every batch and, while the heartbeat timeout is
-// set, at least every third of it, through slow polls, commits and
-// start-up checks. Source errors are classified by the source: retry-same
+// and are recorded at least every third of the heartbeat timeout, through
+// slow polls, commits and start-up checks (after every batch when no
+// timeout is set). Source errors are classified by the source: retry-same
 // ones are plain (the activity's RetryPolicy retries them and counts them
 // against the replica); the others are non-retryable ApplicationErrors
 // typed for the workflow. Sink errors are never the replica's: they are
