@@ -12,9 +12,9 @@ import (
 // heartbeat timeout without a heartbeat, and an idle worker's tablets
 // record together. A commit's progress (committed) waits for the next of
 // those recordings: the SDK sends details to the server at most once per
-// its throttle interval (0.8 × the heartbeat timeout) anyway, the latest
-// recorded, and recording encodes them, which once per commit was a
-// twentieth of a live worker's CPU. Without a heartbeat timeout there is
+// its throttle interval (0.8 × the heartbeat timeout, at most 60 s)
+// anyway, the latest recorded, and recording encodes them, which once per
+// commit was a twentieth of a live worker's CPU. Without a heartbeat timeout there is
 // no steady interval, and every commit is recorded. (An attempt that
 // times out while it still holds the sink's writer lock makes the next
 // attempt find the tablet locked.) The details are only ever what set,
@@ -54,10 +54,14 @@ func (h *heartbeater) loop(every time.Duration) {
 		case <-h.quit:
 			return
 		case <-tick.C:
+			// The next one is set from now, not from when this one is
+			// done: a recording that waits on the SDK (its send to the
+			// server) does not push the next one further out.
+			next := time.Now().Add(onGrid(time.Now(), every))
 			h.mu.Lock()
 			h.recordLocked()
 			h.mu.Unlock()
-			tick.Reset(onGrid(time.Now(), every))
+			tick.Reset(time.Until(next))
 		}
 	}
 }

@@ -48,7 +48,7 @@ type polled struct {
 // one was handed over (lingerFor: on a grid shared by the worker's
 // tablets), so that it brings what arrived meanwhile in one batch — the
 // group commit — instead of a record or two per read, each then costing a
-// commit, an acknowledgement and a heartbeat.
+// commit and its syncs.
 func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, linger time.Duration,
 	now func() time.Time, log *zap.Logger, m *metrics.Metrics) *poller {
 	ctx, cancel := context.WithCancel(ctx)
@@ -158,7 +158,11 @@ func onGrid(now time.Time, period time.Duration) time.Duration {
 	if half <= 0 {
 		return period
 	}
-	return period - time.Duration(now.UnixNano()%int64(half))
+	r := now.UnixNano() % int64(half)
+	if r < 0 { // a clock before 1970
+		r += int64(half)
+	}
+	return period - time.Duration(r)
 }
 
 // ack asks for cp (committed to the sink) to be acknowledged to the source

@@ -146,7 +146,7 @@ type Progress struct {
 const commitTimeout = 30 * time.Second
 
 // GetChanges reads a tablet from one replica and writes it to the sink, in
-// a loop: long-polled batch → sink write → durable commit → heartbeat, the
+// a loop: long-polled batch → sink write → durable commit, the
 // poller reading the next batch meanwhile (and pacing small reads by
 // in.Batch.Linger: the group commit) and acknowledging committed
 // checkpoints to the source between its reads. It returns after in.RunFor,
