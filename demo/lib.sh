@@ -53,7 +53,8 @@ start_temporal() {
     sa+=(--search-attribute "$a=Keyword")
   done
   start temporal "$BIN/temporal" server start-dev --ip 127.0.0.1 --port 7233 --ui-port 8233 \
-    --db-filename "$DATA/temporal.db" --log-level warn "${sa[@]}"
+    --db-filename "$DATA/temporal.db" --log-level warn "${sa[@]}" \
+    --dynamic-config-value system.enableActivityEagerExecution=true
   wait_for temporal "the Temporal dev server" "$BIN/temporal" operator cluster health
 }
 

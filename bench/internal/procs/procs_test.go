@@ -3,8 +3,10 @@ package procs
 import (
 	"context"
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,4 +91,16 @@ func TestTabletCountsParsesAListAndNamesTheFlagOnABadOne(t *testing.T) {
 		_, err := TabletCounts("tablets", bad)
 		require.ErrorContains(t, err, "--tablets: ", "%q", bad)
 	}
+}
+
+// The benchmarks' dev server runs SQLite in WAL mode and eager activity
+// execution on, unless told otherwise.
+func TestDevServerFlagsTurnOnWALAndEagerActivities(t *testing.T) {
+	args := DevServerFlags()
+	require.Equal(t, append(append([]string(nil), sqliteWAL...), eagerActivities...), args())
+	require.Contains(t, strings.Join(args(), " "), "system.enableActivityEagerExecution=true")
+	require.NoError(t, flag.Set("no-eager-activities", "true"))
+	require.NoError(t, flag.Set("sqlite-defaults", "true"))
+	t.Cleanup(func() { _ = flag.Set("no-eager-activities", "false"); _ = flag.Set("sqlite-defaults", "false") })
+	require.Empty(t, args(), "--no-eager-activities and --sqlite-defaults: the server's own settings")
 }
