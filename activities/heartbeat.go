@@ -14,12 +14,12 @@ import (
 // those recordings: the SDK sends details to the server at most once per
 // its throttle interval (0.8 × the heartbeat timeout, at most 60 s)
 // anyway, the latest recorded, and recording encodes them, which once per
-// commit was a twentieth of a live worker's CPU. Without a heartbeat timeout there is
-// no steady interval, and every commit is recorded. (An attempt that
-// times out while it still holds the sink's writer lock makes the next
-// attempt find the tablet locked.) The details are only ever what set,
-// committed or update was last given: the latest committed progress,
-// never ahead of the sink.
+// commit was a twentieth of a live worker's CPU. Without a heartbeat
+// timeout there is no steady interval, and every commit is recorded. (An
+// attempt that times out while it still holds the sink's writer lock
+// makes the next attempt find the tablet locked.) The details are only
+// ever what set, committed or update was last given: the latest committed
+// progress, never ahead of the sink.
 type heartbeater struct {
 	record func(Heartbeat)
 	every  time.Duration
