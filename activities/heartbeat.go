@@ -57,7 +57,8 @@ func (h *heartbeater) loop(every time.Duration) {
 			// The next one is set from now, not from when this one is
 			// done: a recording that waits on the SDK (its send to the
 			// server) does not push the next one further out.
-			next := time.Now().Add(onGrid(time.Now(), every))
+			now := time.Now()
+			next := now.Add(onGrid(now, every))
 			h.mu.Lock()
 			h.recordLocked()
 			h.mu.Unlock()

@@ -137,11 +137,7 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 // between an eighth of a linger and one and an eighth, so a record waits
 // at most about that long to be read.
 func lingerFor(now time.Time, linger time.Duration) time.Duration {
-	d := linger - time.Duration(now.UnixNano()%int64(linger))
-	if d < linger/8 {
-		d += linger
-	}
-	return d
+	return untilMultiple(now, linger, linger/8)
 }
 
 // onGrid is how long a periodic wait of about period starts at now: until
@@ -158,11 +154,22 @@ func onGrid(now time.Time, period time.Duration) time.Duration {
 	if half <= 0 {
 		return period
 	}
-	r := now.UnixNano() % int64(half)
+	return untilMultiple(now, half, half+1)
+}
+
+// untilMultiple is how long it is from now to the first multiple of step
+// (> 0) on the clock at least atLeast away: the grid lingerFor and onGrid
+// share.
+func untilMultiple(now time.Time, step, atLeast time.Duration) time.Duration {
+	r := now.UnixNano() % int64(step)
 	if r < 0 { // a clock before 1970
-		r += int64(half)
+		r += int64(step)
 	}
-	return period - time.Duration(r)
+	d := step - time.Duration(r) // in (0, step]
+	for d < atLeast {
+		d += step
+	}
+	return d
 }
 
 // ack asks for cp (committed to the sink) to be acknowledged to the source
