@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -511,4 +512,56 @@ func sourceHash(r source.Record) uint64 {
 		Tablet: r.Tablet, Position: r.Position.String(), Table: r.Table, Op: string(r.Op),
 		Key: r.Key, Before: r.Before, After: r.After, CommitTime: r.CommitTime,
 	})
+}
+
+// DigestDir digests the tablets' files in parallel: it must still add up
+// every tablet, list every duplicate sorted, and fail the way reading the
+// files in name order would (the first bad file's error).
+func TestDigestDirOverManyTablets(t *testing.T) {
+	dir := t.TempDir()
+	var want digest.Digest
+	var tablets []string
+	for i := range 9 {
+		tablet := fmt.Sprintf("t-%04d", 9-i) // written out of name order
+		tablets = append(tablets, tablet)
+		recs := sinktest.Records(tablet, 1, uint64(20+i))
+		commit(t, dir, tablet, recs)
+		for _, r := range recs {
+			want.Add(sourceHash(r))
+		}
+	}
+	// Duplicate the first line of two tablets' files.
+	dupFirst := func(tablet string) {
+		path := filepath.Join(dir, tablet+".jsonl")
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		first := data[:bytes.IndexByte(data, '\n')+1]
+		require.NoError(t, os.WriteFile(path, append(slices.Clone(first), data...), 0o644))
+		m, err := readManifest(dir, tablet)
+		require.NoError(t, err)
+		m.Offset += int64(len(first))
+		require.NoError(t, writeManifest(dir, tablet, m))
+	}
+	dupFirst("t-0007")
+	dupFirst("t-0002")
+
+	got, err := DigestDir(dir)
+	require.NoError(t, err)
+	require.Len(t, got.Tablets, len(tablets))
+	require.Equal(t, want.Records+2, got.Total.Records)
+	require.Equal(t, []Duplicate{{Tablet: "t-0002", Position: "1.1", Count: 2}, {Tablet: "t-0007", Position: "1.1", Count: 2}}, got.Duplicates)
+
+	// Two corrupt files: the error is the first one's by name.
+	for _, tablet := range []string{"t-0008", "t-0004"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, tablet+".jsonl"), []byte("not json\n"), 0o644))
+		m, err := readManifest(dir, tablet)
+		require.NoError(t, err)
+		m.Offset = int64(len("not json\n"))
+		require.NoError(t, writeManifest(dir, tablet, m))
+	}
+	for range 20 {
+		_, err = DigestDir(dir)
+		require.ErrorIs(t, err, ErrCorrupt)
+		require.Contains(t, err.Error(), "t-0004 line 1")
+	}
 }

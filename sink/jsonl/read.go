@@ -9,8 +9,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
@@ -54,33 +57,56 @@ type Duplicate struct {
 
 // DigestDir computes the digest of dir's committed lines the way tabletd
 // does (digest.Hash over each line's fields, Key/Before/After as the line's
-// raw bytes), and finds duplicate positions.
+// raw bytes), and finds duplicate positions. Each data file holds one
+// tablet, so the files are digested in parallel, one per core; an error is
+// the one the first bad file (by name) gives, as if they were read in turn.
 func DigestDir(dir string) (Report, error) {
-	r := Report{Tablets: map[string]digest.Digest{}, Duplicates: []Duplicate{}}
-	seen := map[string]map[string]int{}
-	err := scanDir(dir, func(tablet string, l Line) error {
-		d := r.Tablets[l.Tablet]
-		d.Add(digest.Hash(digest.Fields{
-			Tablet: l.Tablet, Position: l.Position, Table: l.Table, Op: string(l.Op),
-			Key: l.Key, Before: l.Before, After: l.After, CommitTime: l.CommitTime,
-		}))
-		r.Tablets[l.Tablet] = d
-		if seen[l.Tablet] == nil {
-			seen[l.Tablet] = map[string]int{}
-		}
-		seen[l.Tablet][l.Position]++
-		return nil
-	})
+	names, err := dataNames(dir)
 	if err != nil {
 		return Report{}, err
 	}
-	for tablet, d := range r.Tablets {
-		r.Total = r.Total.Plus(d)
-		for pos, n := range seen[tablet] {
-			if n > 1 {
-				r.Duplicates = append(r.Duplicates, Duplicate{Tablet: tablet, Position: pos, Count: n})
+	type tabletReport struct {
+		d    digest.Digest
+		dups []Duplicate
+		err  error
+	}
+	out := make([]tabletReport, len(names))
+	next := atomic.Int64{}
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(names); i = int(next.Add(1) - 1) {
+				t := &out[i]
+				seen := map[string]int{}
+				t.err = scanFile(dir, names[i], func(_ string, l Line) error {
+					t.d.Add(digest.Hash(digest.Fields{
+						Tablet: l.Tablet, Position: l.Position, Table: l.Table, Op: string(l.Op),
+						Key: l.Key, Before: l.Before, After: l.After, CommitTime: l.CommitTime,
+					}))
+					seen[l.Position]++
+					return nil
+				})
+				for pos, n := range seen {
+					if n > 1 {
+						t.dups = append(t.dups, Duplicate{Tablet: names[i], Position: pos, Count: n})
+					}
+				}
 			}
+		}()
+	}
+	wg.Wait()
+	r := Report{Tablets: map[string]digest.Digest{}, Duplicates: []Duplicate{}}
+	for i, t := range out {
+		if t.err != nil {
+			return Report{}, t.err
 		}
+		if t.d.Records > 0 {
+			r.Tablets[names[i]] = t.d
+		}
+		r.Total = r.Total.Plus(t.d)
+		r.Duplicates = append(r.Duplicates, t.dups...)
 	}
 	slices.SortFunc(r.Duplicates, func(a, b Duplicate) int {
 		return cmp.Or(cmp.Compare(a.Tablet, b.Tablet), cmp.Compare(a.Position, b.Position))
@@ -88,16 +114,27 @@ func DigestDir(dir string) (Report, error) {
 	return r, nil
 }
 
+// dataNames lists the tablets of dir's data files, sorted.
+func dataNames(dir string) ([]string, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*"+dataExt))
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	for i, name := range names {
+		names[i] = strings.TrimSuffix(filepath.Base(name), dataExt)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
 // scanDir calls fn for each committed line of each data file in dir, in
 // file order, one file after another (sorted by name).
 func scanDir(dir string, fn func(tablet string, l Line) error) error {
-	names, err := filepath.Glob(filepath.Join(dir, "*"+dataExt))
+	names, err := dataNames(dir)
 	if err != nil {
-		return fmt.Errorf("list %s: %w", dir, err)
+		return err
 	}
-	slices.Sort(names)
-	for _, name := range names {
-		tablet := strings.TrimSuffix(filepath.Base(name), dataExt)
+	for _, tablet := range names {
 		if err := scanFile(dir, tablet, fn); err != nil {
 			return err
 		}
