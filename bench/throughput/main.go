@@ -4,7 +4,8 @@
 // Each tablet count of --tablets (16 and 64 by default) is a case in a world
 // of its own: it starts, in a temporary directory, a Temporal dev server
 // and a tabletd (that many tablets × 3 replicas, no workload, no follower
-// lag), preloads it with --records records through the admin Workload RPC,
+// lag), preloads it with --records records (at least --records-per-tablet
+// a tablet: 2.4M at 16 tablets, 4.8M at 64) through the admin Workload RPC,
 // starts a worker, then reads the whole backlog in --pairs pairs (3 by
 // default) of these two, each from a source-side stream of its own, odd
 // pairs but the last with tabletflow first:
@@ -210,6 +211,11 @@ func run() error {
 	// tablet reading) was then half the difference: a throughput figure
 	// needs a run several times longer than the start.
 	records := flag.Uint64("records", 2_400_000, "records to preload (at least; the exact total comes from the digest)")
+	// 75,000 a tablet: at 64 tablets the start (every tablet reading after
+	// 2.2-3.6 s, 2026-12-03) was half of a 2.4M drain (4.4-7.9 s), so the
+	// 64-tablet figure measured the start more than the throughput; 4.8M
+	// drain in 11-15 s there.
+	perTablet := flag.Uint64("records-per-tablet", 75_000, "at least this many records a tablet: a case preloads the larger of --records and tablets × this")
 	// tabletd's highest rate: it writes as fast as it can (about 200k
 	// records/s on 2 cores), and the pause at --records cuts the step it
 	// lands in, so the preload overshoots by at most one status poll.
@@ -243,7 +249,7 @@ func run() error {
 	if *pairs < 1 {
 		return fmt.Errorf("--pairs: %d; at least 1", *pairs)
 	}
-	c := caseConfig{bin: bin, records: *records, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
+	c := caseConfig{bin: bin, records: *records, perTablet: *perTablet, preloadRate: *preloadRate, measure: *measure, measureRate: *measureRate,
 		cpuProfile: *cpuProfile, idleProfile: *idleProfile, bulkProfile: *bulkProfile, devServer: devServer(), linger: *linger, maxWait: *maxWait, heartbeat: *heartbeat, pairs: *pairs, idle: *idle, keep: *keep}
 	// The first count's case is the top level of the result (with the live
 	// measurement); the others follow in "cases".
@@ -268,6 +274,7 @@ func run() error {
 type caseConfig struct {
 	bin         string
 	records     uint64
+	perTablet   uint64 // a case preloads max(records, tablets × perTablet)
 	preloadRate float64
 	measure     time.Duration
 	measureRate float64
@@ -330,7 +337,7 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 			return res, err
 		}
 	}
-	total, err := b.preload(ctx, c.records, c.preloadRate)
+	total, err := b.preload(ctx, max(c.records, uint64(tablets)*c.perTablet), c.preloadRate)
 	if err != nil {
 		return res, err
 	}
