@@ -192,6 +192,9 @@ func bulkRow(r *results, tablets int) row {
 	if okRaw && okFlow {
 		details = append(details, fmt.Sprintf("%s against %s records/s", fixed(flow, 0), fixed(raw, 0)))
 	}
+	if n, ok := c.num("records"); ok && n > 0 {
+		details = append(details, fmt.Sprintf("backlog %s records", fixed(n, 0)))
+	}
 	if steady, ok := c.num("steady_ratio"); ok {
 		details = append(details, "steady state "+fixed(steady, 2))
 	}
