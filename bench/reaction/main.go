@@ -11,10 +11,11 @@
 //     ≤ the initial retry interval + 1 s);
 //   - isolation: with 1 of 16 tablets failing, the 15 healthy tablets drain
 //     a backlog of 4 million records at ≥ 0.95 × the rate of a fault-free
-//     run (records committed to the sink, from 10% to 90%), in
-//     --isolation-pairs pairs of runs (the spread is reported), and
-//     none goes half the source's retention (tabletd's default: 1 h)
-//     without an acknowledgement.
+//     run drained at the same time in a world of its own (records
+//     committed to the sink, in the window where both are between 10% and
+//     90%), in --isolation-pairs pairs (the spread is reported), and none
+//     goes half the source's retention (tabletd's default: 1 h) without an
+//     acknowledgement. See isolation.go.
 //
 // Each reaction runs --repeats trials (default 20). It writes a JSON result
 // (--out). Each reaction is timed from the moment the fault or signal is
@@ -29,7 +30,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -45,7 +45,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
-	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
@@ -155,7 +154,7 @@ func run() error {
 		measure("down_to_elsewhere_s", func() (any, error) { return down(c, dir, *repeats) })
 	}
 	if want["isolation"] {
-		measure("isolation", func() (any, error) { return isolation(c, dir, *pairs) })
+		measure("isolation", func() (any, error) { return isolation(dir, *pairs, serverArgs) })
 	}
 	if len(failed) > 0 {
 		res["errors"] = failed
@@ -174,6 +173,12 @@ func run() error {
 
 // newBed starts tabletd (with args) and a worker on its own task queue.
 func newBed(c client.Client, dir, name string, tabletdArgs ...string) (*bed, error) {
+	return newBedOn(server.Addr, c, dir, name, tabletdArgs...)
+}
+
+// newBedOn is newBed with the worker on the dev server at serverAddr (c
+// its client).
+func newBedOn(serverAddr string, c client.Client, dir, name string, tabletdArgs ...string) (*bed, error) {
 	d := filepath.Join(dir, name)
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		return nil, err
@@ -192,7 +197,7 @@ func newBed(c client.Client, dir, name string, tabletdArgs ...string) (*bed, err
 		td.Stop()
 		return nil, err
 	}
-	wargs := []string{"--address", server.Addr, "--task-queue", "tq-" + name, "--log-level", workerLogLevel,
+	wargs := []string{"--address", serverAddr, "--task-queue", "tq-" + name, "--log-level", workerLogLevel,
 		"--metrics-addr", metricsAddr}
 	if workerPollers > 0 {
 		wargs = append(wargs, "--pollers", strconv.Itoa(workerPollers))
@@ -288,35 +293,6 @@ func (b *bed) acked(id string) (map[string]uint64, error) {
 		out[t.Tablet] = cp.Index
 	}
 	return out, nil
-}
-
-// drained is one isolation drain: the healthy tablets' rate from 10% to
-// 90% of their backlog, the longest a healthy tablet with records left
-// went without an acknowledgement, and in the rate's window the worker's
-// and tabletd's CPU seconds per 1,000 healthy records and the host's
-// steal seconds.
-type drained struct {
-	rate     float64
-	stall    time.Duration
-	cpuPer1k float64
-	steal    float64
-}
-
-// machineCPU is the worker's and tabletd's CPU seconds together, and the
-// host's steal seconds, at one moment.
-type machineCPU struct{ processes, steal float64 }
-
-func (b *bed) machineCPU() machineCPU {
-	var m machineCPU
-	for _, p := range []*testbed.Proc{b.worker, b.tabletd} {
-		if s, err := procstat.ProcessCPU(p.Pid()); err == nil {
-			m.processes += s
-		}
-	}
-	if h, err := procstat.ReadHostCPU(); err == nil {
-		m.steal = procstat.Seconds(h.Steal)
-	}
-	return m
 }
 
 // committed returns the records the worker committed to the sink for
@@ -573,214 +549,6 @@ func down(c client.Client, dir string, repeats int) (summary, error) {
 		}
 	}
 	return summarize(took), nil
-}
-
-// isolationBacklog is the backlog each isolation drain reads: long enough
-// that a stream's start and tail weigh little. 1.6M records drained in
-// about ten seconds on this machine's slow days and in two to five on its
-// fast ones (2026-12-02), where the pairs' ratios spread from 0.95 to 1.08.
-const isolationBacklog = 4_000_000
-
-// preloadRate is tabletd's highest workload rate: the backlog is written
-// as fast as tabletd can, and the workload stops when it is written.
-const preloadRate = 10_000_000
-
-// isolation drains the same backlog on 16 tablets from one stream after
-// another, in pairs: fault-free, then with every replica of t-0001
-// failing (UNAVAILABLE); each pair's ratio compares the 15 healthy
-// tablets' drain rate, and the pairs show the spread between runs. It also
-// records the longest a healthy tablet went without an acknowledgement
-// while it had records left, against half the source's retention.
-func isolation(c client.Client, dir string, pairs int) (map[string]any, error) {
-	b, err := newBed(c, dir, "isolation", "--tablets", "16", "--rate", "0", "--lag", "0s")
-	if err != nil {
-		return nil, err
-	}
-	defer b.close()
-	// Every drain's source-side stream exists before the backlog is
-	// written: tabletd frees what every stream has acknowledged, so a
-	// stream created after an earlier drain would find the backlog gone
-	// (and "drain" it at once: how this case once measured nonsense).
-	streams := []string{"warmup"}
-	for i := range pairs {
-		streams = append(streams, fmt.Sprintf("clean-%d", i), fmt.Sprintf("faulty-%d", i))
-	}
-	for _, id := range streams {
-		if _, err := b.topo.CreateStream(context.Background(), &sourcepb.CreateStreamRequest{
-			Stream: id, Keyspace: "commerce", StartFrom: sourcepb.StartFrom_EARLIEST}); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RATE, Rate: preloadRate}); err != nil {
-		return nil, err
-	}
-	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RESUME}); err != nil {
-		return nil, err
-	}
-	if err := b.until(2*time.Minute, "backlog written", func() bool {
-		w, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
-		return err == nil && w.Records >= isolationBacklog
-	}); err != nil {
-		return nil, err
-	}
-	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STOP}); err != nil {
-		return nil, err
-	}
-	resp, err := b.topo.ListTablets(context.Background(), &sourcepb.ListTabletsRequest{})
-	if err != nil {
-		return nil, err
-	}
-	if resp.Tablets[0].Id != "t-0001" {
-		return nil, errors.New("tablet order changed")
-	}
-	last := map[string]uint64{}
-	for _, t := range resp.Tablets {
-		cp, _ := source.ParseCheckpoint(t.LastPosition)
-		last[t.Id] = cp.Index
-	}
-	healthy := func(id string) bool { return id != "t-0001" }
-	var backlog uint64
-	for id, n := range last {
-		if healthy(id) {
-			backlog += n
-		}
-	}
-	// drain measures the healthy tablets' steady rate: from 10% to 90% of
-	// their backlog committed to the sink (the worker's counter: tabletd's
-	// acks move in steps of the acknowledgement interval, seconds, too
-	// coarse for a drain of a few seconds), leaving out the stream's start
-	// and tail; and the longest a healthy tablet with records left went
-	// without an acknowledgement. The drain ends when every healthy
-	// tablet is acknowledged to its end. The stream is stopped afterwards,
-	// so that idle streams do not pile up on the worker.
-	drain := func(stream string) (d drained, err error) {
-		if err := b.start(stream, map[string]any{"selection": map[string]any{"tabletTypes": []string{"PRIMARY", "REPLICA", "RDONLY"}}}); err != nil {
-			return d, err
-		}
-		defer func() {
-			_ = c.SignalWorkflow(context.Background(), stream, "", workflows.CmdStop, json.RawMessage(`{}`))
-		}()
-		var (
-			t10, t90             time.Time
-			cpu10, cpu90         machineCPU
-			written10, written90 float64
-			seen, since          = map[string]uint64{}, map[string]time.Time{}
-		)
-		err = b.until(5*time.Minute, "healthy tablets drained", func() bool {
-			a, err := b.acked(stream)
-			if err != nil {
-				return false
-			}
-			written, err := b.committed(stream, healthy)
-			if err != nil {
-				return false
-			}
-			now := time.Now()
-			var done uint64
-			for id := range last {
-				if !healthy(id) {
-					continue
-				}
-				done += a[id]
-				if a[id] >= last[id] {
-					continue
-				}
-				if _, ok := since[id]; !ok || a[id] > seen[id] {
-					since[id], seen[id] = now, a[id]
-				}
-				if a[id] > 0 { // before its first ack, the tablet is starting
-					d.stall = max(d.stall, now.Sub(since[id]))
-				}
-			}
-			if t10.IsZero() && written >= float64(backlog)/10 {
-				t10, written10, cpu10 = now, written, b.machineCPU()
-			}
-			if t90.IsZero() && written >= float64(backlog)*9/10 {
-				t90, written90, cpu90 = now, written, b.machineCPU()
-			}
-			return done >= backlog
-		})
-		if err != nil {
-			return d, err
-		}
-		d.rate = 0.8 * float64(backlog) / t90.Sub(t10).Seconds()
-		d.cpuPer1k = (cpu90.processes - cpu10.processes) / (written90 - written10) * 1000
-		d.steal = cpu90.steal - cpu10.steal
-		return d, nil
-	}
-	// A first drain warms the worker and the dev server up; it is not
-	// counted.
-	if _, err := drain("warmup"); err != nil {
-		return nil, err
-	}
-	type pair struct {
-		Clean  int     `json:"healthy_records_per_s_fault_free"`
-		Faulty int     `json:"healthy_records_per_s_one_failing"`
-		Ratio  float64 `json:"ratio"`
-		// StallS: the longest a healthy tablet with records left went
-		// without an ack in the failing run.
-		StallS float64 `json:"max_healthy_stall_s"`
-		// What the machine did in each drain's window: the worker's and
-		// tabletd's CPU seconds per 1,000 healthy records, and the seconds
-		// the hypervisor gave the cores to others (steal). They say
-		// whether a rate moved with what the same work cost in CPU (the
-		// machine running slower or faster; in the failing drain the
-		// failing tablet's retries count too) or with steal.
-		CleanCPUPer1k  float64 `json:"cpu_s_per_1k_healthy_records_fault_free"`
-		FaultyCPUPer1k float64 `json:"cpu_s_per_1k_healthy_records_one_failing"`
-		CleanStealS    float64 `json:"steal_s_fault_free"`
-		FaultyStealS   float64 `json:"steal_s_one_failing"`
-	}
-	var runs []pair
-	var ratios []time.Duration // summarize takes durations: ratios as seconds
-	var worst time.Duration
-	// faults sets (or heals) the failure of every replica of t-0001.
-	faults := func(on bool) error {
-		for _, r := range resp.Tablets[0].Replicas {
-			var err error
-			if on {
-				_, err = b.admin.Fault(context.Background(), &sourcepb.FaultRequest{Server: r.Alias, Tablet: "t-0001", Code: "UNAVAILABLE"})
-			} else {
-				_, err = b.admin.Heal(context.Background(), &sourcepb.HealRequest{Server: r.Alias})
-			}
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	for i := range pairs {
-		// Odd pairs run the failing drain first: the machine's drift
-		// (CPU steal comes and goes) does not favour one side.
-		var clean, faulty drained
-		for _, failing := range []bool{i%2 == 1, i%2 == 0} {
-			if err := faults(failing); err != nil {
-				return nil, err
-			}
-			var err error
-			if failing {
-				faulty, err = drain(streams[2+2*i])
-			} else {
-				clean, err = drain(streams[1+2*i])
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		if err := faults(false); err != nil {
-			return nil, err
-		}
-		runs = append(runs, pair{Clean: int(clean.rate), Faulty: int(faulty.rate), Ratio: round(faulty.rate / clean.rate),
-			StallS: round(faulty.stall.Seconds()), CleanCPUPer1k: clean.cpuPer1k, FaultyCPUPer1k: faulty.cpuPer1k,
-			CleanStealS: round(clean.steal), FaultyStealS: round(faulty.steal)})
-		ratios = append(ratios, time.Duration(faulty.rate/clean.rate*float64(time.Second)))
-		worst = max(worst, faulty.stall)
-	}
-	sum := summarize(ratios)
-	return map[string]any{"pairs": runs, "ratio_median": sum.Median, "ratio_min": slices.Min(sum.Samples),
-		"ratio_max": sum.Max, "ratio_spread": round(sum.Max - slices.Min(sum.Samples)),
-		"max_healthy_stall_s": round(worst.Seconds()), "half_retention_s": (time.Hour / 2).Seconds(),
-		"backlog_records": isolationBacklog}, nil
 }
 
 func orDash(s string) string {
