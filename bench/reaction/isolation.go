@@ -221,10 +221,7 @@ func drainSideBySide(worlds [2]*world, streams [2]string) (out [2]drain, window 
 			if err != nil {
 				return out, 0, 0, err
 			}
-			if written[i], err = w.bed.committed(streams[i], healthy); err != nil {
-				return out, 0, 0, err
-			}
-			if all[i], err = w.bed.committed(streams[i], func(string) bool { return true }); err != nil {
+			if written[i], all[i], err = w.bed.committed(streams[i], healthy); err != nil {
 				return out, 0, 0, err
 			}
 			s := &sides[i]

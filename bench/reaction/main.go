@@ -296,17 +296,18 @@ func (b *bed) acked(id string) (map[string]uint64, error) {
 }
 
 // committed returns the records the worker committed to the sink for
-// stream's tablets that keep accepts (its tabletflow_records_written_total):
-// the sink's progress as it happens, where tabletd's acks trail it by up
-// to the worker's acknowledgement interval.
-func (b *bed) committed(stream string, keep func(tablet string) bool) (float64, error) {
+// stream's tablets that keep accepts, and for all of stream's tablets (its
+// tabletflow_records_written_total, one scrape): the sink's progress as it
+// happens, where tabletd's acks trail it by up to the worker's
+// acknowledgement interval.
+func (b *bed) committed(stream string, keep func(tablet string) bool) (kept, all float64, err error) {
 	s, err := promscrape.Get(b.metrics)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return s.Sum("tabletflow_records_written_total", func(l map[string]string) bool {
-		return l["stream"] == stream && keep(l["tablet"])
-	}), nil
+	ofStream := func(l map[string]string) bool { return l["stream"] == stream }
+	kept = s.Sum("tabletflow_records_written_total", func(l map[string]string) bool { return ofStream(l) && keep(l["tablet"]) })
+	return kept, s.Sum("tabletflow_records_written_total", ofStream), nil
 }
 
 // until polls cond every 50 ms: often enough to time reactions of a second,
