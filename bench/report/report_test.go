@@ -45,7 +45,8 @@ func TestGoalVerdicts(t *testing.T) {
 		// Met, including figures exactly at an inclusive bound.
 		{"bulk ratio above bound", "met", "bulk-16", met, "0.95", throughputFile},
 		{"bulk ratio at bound, from the cases array", "met", "bulk-64", met, "0.90", throughputFile},
-		{"bulk row names its backlog", "met", "bulk-64", met, "backlog 4,800,000 records", throughputFile},
+		{"bulk row names its case's backlog, 16 tablets", "backlog", "bulk-16", met, "backlog 2,400,000 records", throughputFile},
+		{"bulk row names its case's backlog, 64 tablets", "backlog", "bulk-64", met, "backlog 4,800,000 records", throughputFile},
 		{"live CPU from the two per-1k figures", "met", "live-cpu", met, "2.50 × bulk", throughputFile},
 		{"live lag ignores the bulk phase's 999", "met", "live-lag", met, "0.500 s", throughputFile},
 		{"newer reaction-exclude.json wins for exclude 64, median from the file", "met", "exclude-64", met, "2.000 s (median 1.500 s; 4 trials)", reactionExcludeFile},
