@@ -12,8 +12,8 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
@@ -71,32 +71,29 @@ func DigestDir(dir string) (Report, error) {
 		err  error
 	}
 	out := make([]tabletReport, len(names))
-	next := atomic.Int64{}
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(names)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < len(names); i = int(next.Add(1) - 1) {
-				t := &out[i]
-				seen := map[string]int{}
-				t.err = scanFile(dir, names[i], func(_ string, l Line) error {
-					t.d.Add(digest.Hash(digest.Fields{
-						Tablet: l.Tablet, Position: l.Position, Table: l.Table, Op: string(l.Op),
-						Key: l.Key, Before: l.Before, After: l.After, CommitTime: l.CommitTime,
-					}))
-					seen[l.Position]++
-					return nil
-				})
-				for pos, n := range seen {
-					if n > 1 {
-						t.dups = append(t.dups, Duplicate{Tablet: names[i], Position: pos, Count: n})
-					}
+	var g errgroup.Group // its errors stay nil: each file's is in out
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i, tablet := range names {
+		g.Go(func() error {
+			t := &out[i]
+			seen := map[string]int{}
+			t.err = scanFile(dir, tablet, func(_ string, l Line) error {
+				t.d.Add(digest.Hash(digest.Fields{
+					Tablet: l.Tablet, Position: l.Position, Table: l.Table, Op: string(l.Op),
+					Key: l.Key, Before: l.Before, After: l.After, CommitTime: l.CommitTime,
+				}))
+				seen[l.Position]++
+				return nil
+			})
+			for pos, n := range seen {
+				if n > 1 {
+					t.dups = append(t.dups, Duplicate{Tablet: tablet, Position: pos, Count: n})
 				}
 			}
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
+	_ = g.Wait()
 	r := Report{Tablets: map[string]digest.Digest{}, Duplicates: []Duplicate{}}
 	for i, t := range out {
 		if t.err != nil {
