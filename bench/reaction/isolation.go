@@ -66,51 +66,56 @@ func (w *world) close() {
 // tabletd frees what every stream has acknowledged, so a stream created
 // after an earlier drain would find the backlog gone (and "drain" it at
 // once: how this case once measured nonsense).
-func newWorld(dir, name string, serverArgs, streams []string) (w *world, err error) {
-	w = &world{name: name}
-	defer func() {
-		if err != nil {
-			w.close()
-		}
-	}()
+func newWorld(dir, name string, serverArgs, streams []string) (*world, error) {
+	w := &world{name: name}
+	if err := w.start(dir, serverArgs, streams); err != nil {
+		w.close() // what start started
+		return nil, err
+	}
+	return w, nil
+}
+
+// start is newWorld's work: on an error, w holds what it started.
+func (w *world) start(dir string, serverArgs, streams []string) (err error) {
+	name := w.name
 	d := filepath.Join(dir, name)
 	if err := os.MkdirAll(filepath.Join(d, "temporal"), 0o755); err != nil {
-		return nil, err
+		return err
 	}
 	if w.srv, err = testbed.StartDevServer(filepath.Join(binDir, "temporal"), filepath.Join(d, "temporal"), serverArgs...); err != nil {
-		return nil, err
+		return err
 	}
 	if w.c, err = client.Dial(client.Options{HostPort: w.srv.Addr, Logger: connect.Quiet{}}); err != nil {
-		return nil, err
+		return err
 	}
 	if w.bed, err = newBedOn(w.srv.Addr, w.c, dir, name, "--tablets", "16", "--rate", "0", "--lag", "0s"); err != nil {
-		return nil, err
+		return err
 	}
 	b := w.bed
 	for _, id := range streams {
 		if _, err := b.topo.CreateStream(context.Background(), &sourcepb.CreateStreamRequest{
 			Stream: id, Keyspace: "commerce", StartFrom: sourcepb.StartFrom_EARLIEST}); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RATE, Rate: preloadRate}); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_RESUME}); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.until(2*time.Minute, name+": backlog written", func() bool {
 		st, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err == nil && st.Records >= isolationBacklog
 	}); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STOP}); err != nil {
-		return nil, err
+		return err
 	}
 	resp, err := b.topo.ListTablets(context.Background(), &sourcepb.ListTabletsRequest{})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	w.last = map[string]uint64{}
 	for _, t := range resp.Tablets {
@@ -123,9 +128,9 @@ func newWorld(dir, name string, serverArgs, streams []string) (w *world, err err
 		}
 	}
 	if w.faulty == nil {
-		return nil, fmt.Errorf("%s: no tablet %s", name, faultyTablet)
+		return fmt.Errorf("%s: no tablet %s", name, faultyTablet)
 	}
-	return w, nil
+	return nil
 }
 
 // fault sets (or heals) the failure of every replica of the faulty tablet.
