@@ -20,10 +20,11 @@
 //     its last position.
 //
 // Every sink is checked against tabletd's digest of its stream (count,
-// additive hash, no duplicates). The machine's speed drifts from one
+// additive hash, no duplicates), a pair's two once both sides have read,
+// so that the sides run back to back. The machine's speed drifts from one
 // minute to the next (on 2026-12-02 the same 16-tablet bulk run cost the
-// worker from 4.7 to 7.6 CPU seconds), so the goal is judged on the median pair;
-// every pair is in the result. In the first case only, the last pair's
+// worker from 4.7 to 7.6 CPU seconds), so the goal is judged on the
+// median pair; every pair is in the result. In the first case only, the last pair's
 // stream goes on: the workload runs at a moderate rate
 // for --measure-events while the stream keeps up, and the events the
 // parent and one tablet workflow add to their histories in that window are
@@ -365,6 +366,9 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 				return res, err
 			}
 		}
+		if err := b.checkPair(ctx, i, c.pairs, total); err != nil {
+			return res, err
+		}
 		p.Ratio = p.TabletflowRecordsPerS / p.RawRecordsPerS
 		p.SteadyRatio = p.TabletflowSteadyRecordsPerS / p.RawRecordsPerS
 		publish.Logf("pair %d of %d: tabletflow / raw = %.3f (steady state %.3f)", i+1, c.pairs, p.Ratio, p.SteadyRatio)
@@ -418,13 +422,12 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 	return res, nil
 }
 
-// rawPair runs pair i's raw loop into a directory of its own, checks it
-// against tabletd's digest and removes it.
+// rawPair runs pair i's raw loop into a directory of its own (checkPair
+// checks and removes it).
 func (b *bench) rawPair(ctx context.Context, i int, total uint64, p *pair) error {
 	stream := rawStreamOf(i)
-	dir := filepath.Join(b.procs.Dir, stream)
 	cpu0 := b.cpu()
-	n, took, err := b.raw(ctx, stream, dir)
+	n, took, err := b.raw(ctx, stream, filepath.Join(b.procs.Dir, stream))
 	p.CPURaw = b.cpu().Minus(cpu0)
 	if err != nil {
 		return fmt.Errorf("raw: %w", err)
@@ -435,15 +438,13 @@ func (b *bench) rawPair(ctx context.Context, i int, total uint64, p *pair) error
 	p.RawSeconds = took.Seconds()
 	p.RawRecordsPerS = float64(total) / took.Seconds()
 	publish.Logf("raw: %d records in %v: %.0f records/s", total, took.Round(time.Millisecond), p.RawRecordsPerS)
-	if err := b.verify(ctx, stream, dir, total); err != nil {
-		return err
-	}
-	return os.RemoveAll(dir)
+	return nil
 }
 
-// flowPair runs pair i's StreamWorkflow into a directory of its own and
-// checks it against tabletd's digest. The last pair's stream goes on
-// into the live window; the others are stopped and their files removed.
+// flowPair runs pair i's StreamWorkflow into a directory of its own. The
+// last pair's stream goes on into the live window; the others are
+// stopped at once, so that a raw loop after it does not share the
+// machine with its idle reads (checkPair checks and removes the files).
 func (b *bench) flowPair(ctx context.Context, c caseConfig, tablets, i int, total uint64, p *pair) error {
 	stream := flowStreamOf(i)
 	dir := filepath.Join(b.procs.Dir, stream)
@@ -481,17 +482,35 @@ func (b *bench) flowPair(ctx context.Context, c caseConfig, tablets, i int, tota
 		total, fl.wall.Round(time.Millisecond), p.TabletflowRecordsPerS, fl.firstAck.Round(time.Millisecond),
 		fl.allStarted.Round(time.Millisecond), fl.steady)
 	publish.Logf("cpu seconds: tabletflow %v", p.CPUTabletflow)
-	if err := b.verify(ctx, stream, dir, total); err != nil {
-		return err
-	}
 	b.flowID = stream
 	if i == c.pairs-1 {
 		return nil
 	}
-	if err := b.stopStream(ctx, stream); err != nil {
-		return err
+	return b.stopStream(ctx, stream)
+}
+
+// checkPair checks pair i's two sinks against tabletd's digest once both
+// sides have read, so that the check (some 10 s at 2.4M records) does not
+// stand between them: the machine's speed drifts, and the closer in time
+// the two sides run, the less of the drift their ratio carries. It then
+// removes the files, but for the last pair's tabletflow ones, which the
+// live window goes on writing.
+func (b *bench) checkPair(ctx context.Context, i, pairs int, total uint64) error {
+	streams := []string{rawStreamOf(i), flowStreamOf(i)}
+	for _, stream := range streams {
+		if err := b.verify(ctx, stream, filepath.Join(b.procs.Dir, stream), total); err != nil {
+			return err
+		}
 	}
-	return os.RemoveAll(dir)
+	if i == pairs-1 {
+		streams = streams[:1]
+	}
+	for _, stream := range streams {
+		if err := os.RemoveAll(filepath.Join(b.procs.Dir, stream)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // stopStream stops a StreamWorkflow and waits until it has ended.
