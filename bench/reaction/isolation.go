@@ -197,22 +197,11 @@ func drainSideBySide(worlds [2]*world, streams [2]string) (out [2]drain, window 
 		done  bool
 	}
 	var (
-		sides        [2]side
-		t10, t90     time.Time
-		at10, at90   [2]float64 // healthy records committed
-		all10, all90 [2]float64 // every tablet's
-		cpu10, cpu90 [2]float64
-		steal10      float64
+		sides [2]side
+		win   = sharedWindow{backlog: [2]uint64{worlds[0].backlog, worlds[1].backlog}}
 	)
 	for i := range sides {
 		sides[i] = side{seen: map[string]uint64{}, since: map[string]time.Time{}}
-	}
-	hostSteal := func() float64 {
-		h, err := procstat.ReadHostCPU()
-		if err != nil {
-			return 0
-		}
-		return procstat.Seconds(h.Steal)
 	}
 	deadline := time.Now().Add(10 * time.Minute)
 	for !sides[0].done || !sides[1].done {
@@ -248,32 +237,81 @@ func drainSideBySide(worlds [2]*world, streams [2]string) (out [2]drain, window 
 			}
 			s.done = done >= w.backlog
 		}
-		reached := func(i int, tenths uint64) bool { return written[i]*10 >= float64(worlds[i].backlog*tenths) }
-		if t10.IsZero() && reached(0, 1) && reached(1, 1) {
-			t10, at10, all10, steal10 = now, written, all, hostSteal()
+		if m := win.add(now, written, all); m != nil {
+			// The window's edges also read each world's CPU and the host's
+			// steal (not every poll: /proc reads cost CPU too).
 			for i, w := range worlds {
-				cpu10[i] = w.cpu()
+				m.cpu[i] = w.cpu()
 			}
-		}
-		if !t10.IsZero() && t90.IsZero() && (reached(0, 9) || reached(1, 9)) {
-			t90, at90, all90, steal = now, written, all, hostSteal()-steal10
-			for i, w := range worlds {
-				cpu90[i] = w.cpu()
+			if h, err := procstat.ReadHostCPU(); err == nil {
+				m.steal = procstat.Seconds(h.Steal)
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	window = t90.Sub(t10)
+	rates, window, steal, err := win.drains()
+	if err != nil {
+		return out, window, 0, err
+	}
+	for i := range out {
+		rates[i].stall = out[i].stall
+	}
+	return rates, window, steal, nil
+}
+
+// sharedWindow is the window two side-by-side drains are measured over
+// (drainSideBySide): it opens at the first poll at which both sides have
+// committed a tenth of their backlog and shuts at the first after that at
+// which either has committed nine tenths.
+type sharedWindow struct {
+	backlog    [2]uint64
+	open, shut mark
+}
+
+// mark is the poll at an edge of a sharedWindow: when, the healthy and
+// every tablet's records each side had committed, and (filled in by the
+// caller) each side's CPU seconds and the host's steal seconds.
+type mark struct {
+	at           time.Time
+	written, all [2]float64
+	cpu          [2]float64
+	steal        float64
+}
+
+// add takes one poll of both sides. It returns the edge the poll is, to
+// fill in its CPU and steal, or nil if it is neither.
+func (w *sharedWindow) add(at time.Time, written, all [2]float64) *mark {
+	reached := func(i int, tenths uint64) bool { return written[i]*10 >= float64(w.backlog[i]*tenths) }
+	switch {
+	case w.open.at.IsZero() && reached(0, 1) && reached(1, 1):
+		w.open = mark{at: at, written: written, all: all}
+		return &w.open
+	case !w.open.at.IsZero() && w.shut.at.IsZero() && (reached(0, 9) || reached(1, 9)):
+		w.shut = mark{at: at, written: written, all: all}
+		return &w.shut
+	}
+	return nil
+}
+
+// drains returns each side's healthy and all-tablet rates, records and
+// CPU seconds in the window, its length and the host's steal in it. A
+// window under a second (or one that never shut) is an error: the
+// drains were too far apart to compare.
+func (w *sharedWindow) drains() (out [2]drain, window time.Duration, steal float64, err error) {
+	if w.shut.at.IsZero() {
+		return out, 0, 0, errors.New("the side-by-side window never shut: no side reached nine tenths of its backlog after both had a tenth")
+	}
+	window = w.shut.at.Sub(w.open.at)
 	if window < time.Second {
 		return out, window, 0, fmt.Errorf("the side-by-side window is %v: the drains were too far apart to compare", window)
 	}
 	for i := range out {
-		out[i].records = at90[i] - at10[i]
+		out[i].records = w.shut.written[i] - w.open.written[i]
 		out[i].rate = out[i].records / window.Seconds()
-		out[i].allRate = (all90[i] - all10[i]) / window.Seconds()
-		out[i].cpu = cpu90[i] - cpu10[i]
+		out[i].allRate = (w.shut.all[i] - w.open.all[i]) / window.Seconds()
+		out[i].cpu = w.shut.cpu[i] - w.open.cpu[i]
 	}
-	return out, window, steal, nil
+	return out, window, w.shut.steal - w.open.steal, nil
 }
 
 // isolation runs two worlds side by side (each with its own dev server,

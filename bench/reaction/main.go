@@ -209,14 +209,20 @@ func newBedOn(serverAddr string, c client.Client, dir, name string, tabletdArgs 
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
+		w.Stop()
+		td.Stop()
 		return nil, err
 	}
 	b := &bed{dir: d, tq: "tq-" + name, temporal: c, tabletd: td, worker: w, tdAddr: addr, conn: conn, metrics: "http://" + metricsAddr + "/metrics",
 		admin: sourcepb.NewAdminClient(conn), topo: sourcepb.NewTopologyClient(conn)}
-	return b, b.until(30*time.Second, "tabletd answers", func() bool {
+	if err := b.until(30*time.Second, "tabletd answers", func() bool {
 		_, err := b.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err == nil
-	})
+	}); err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
 }
 
 // start starts a stream with the default settings, preferring zone1.
