@@ -62,6 +62,7 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/client"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -182,7 +183,24 @@ type pair struct {
 	// Bulk: the worker's CPU per 1000 records, commits, acknowledgements
 	// and syncs in the tabletflow run.
 	Bulk commits `json:"bulk"`
+	// The raw loop's syncs: its JSONL sink's rounds of syncfs and its
+	// fdatasyncs (file by file, when the machine holds other unwritten
+	// data), per second.
+	RawSyncfsPerS float64 `json:"raw_syncfs_per_s"`
+	RawFsyncsPerS float64 `json:"raw_fsyncs_per_s"`
 }
+
+// flushDirty writes back everything the machine holds unwritten (sync(2))
+// before a side of a pair reads. The JSONL sink syncs with one syncfs a
+// round only while the system holds little other unwritten data, and file
+// by file otherwise (sink/jsonl/groupsync.go): what `go run` had just
+// built, or an earlier case's leftovers, would put one side of a pair on
+// per-file syncs (an fdatasync per file per commit) and not the other. On
+// 2026-12-03 a first pair's tabletflow run made 501 fdatasyncs a second
+// and no syncfs, its worker 11.0 CPU-seconds against 6.0 in the next
+// pair's run, and the pair measured 0.73 against 0.96 and 1.04. What a
+// side writes itself (the dev server's database too) still counts.
+func flushDirty() { unix.Sync() }
 
 // medianPair returns the pair of the median ratio (the lower middle one
 // of an even count: never the flattering side).
@@ -426,18 +444,24 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 // checks and removes it).
 func (b *bench) rawPair(ctx context.Context, i int, total uint64, p *pair) error {
 	stream := rawStreamOf(i)
+	flushDirty()
+	syncfs0, datasync0 := jsonl.Syncs()
 	cpu0 := b.cpu()
 	n, took, err := b.raw(ctx, stream, filepath.Join(b.procs.Dir, stream))
 	p.CPURaw = b.cpu().Minus(cpu0)
 	if err != nil {
 		return fmt.Errorf("raw: %w", err)
 	}
+	syncfs1, datasync1 := jsonl.Syncs()
+	p.RawSyncfsPerS = float64(syncfs1-syncfs0) / took.Seconds()
+	p.RawFsyncsPerS = float64(datasync1-datasync0) / took.Seconds()
 	if n != total {
 		return fmt.Errorf("raw: read %d records, tabletd wrote %d", n, total)
 	}
 	p.RawSeconds = took.Seconds()
 	p.RawRecordsPerS = float64(total) / took.Seconds()
-	publish.Logf("raw: %d records in %v: %.0f records/s", total, took.Round(time.Millisecond), p.RawRecordsPerS)
+	publish.Logf("raw: %d records in %v: %.0f records/s (syncfses %.0f/s, fdatasyncs %.0f/s)", total, took.Round(time.Millisecond),
+		p.RawRecordsPerS, p.RawSyncfsPerS, p.RawFsyncsPerS)
 	return nil
 }
 
@@ -448,6 +472,7 @@ func (b *bench) rawPair(ctx context.Context, i int, total uint64, p *pair) error
 func (b *bench) flowPair(ctx context.Context, c caseConfig, tablets, i int, total uint64, p *pair) error {
 	stream := flowStreamOf(i)
 	dir := filepath.Join(b.procs.Dir, stream)
+	flushDirty()
 	m0, err := promscrape.Get(b.metrics)
 	if err != nil {
 		return err
