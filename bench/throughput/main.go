@@ -24,8 +24,9 @@
 // so that the sides run back to back. The machine's speed drifts from one
 // minute to the next (on 2026-12-02 the same 16-tablet bulk run cost the
 // worker from 4.7 to 7.6 CPU seconds), so the goal is judged on the
-// median pair; every pair is in the result. In the first case only, the last pair's
-// stream goes on: the workload runs at a moderate rate
+// median pair; every pair is in the result. Each side starts with
+// nothing unwritten on the machine (flushDirty). In the first case only,
+// the last pair's stream goes on: the workload runs at a moderate rate
 // for --measure-events while the stream keeps up, and the events the
 // parent and one tablet workflow add to their histories in that window are
 // extrapolated to an hour. Last, the worker's peak and current RSS.
