@@ -17,6 +17,20 @@ import (
 // syncfs(2), which makes everything written on the filesystem durable,
 // and the writers that ask while a round is under way share the next one.
 //
+// Live, the tablets commit in bursts, once a linger: their reads of one
+// linger are answered one after another over some milliseconds, so their
+// commits reach the group spread over that time. A run of rounds (rounds
+// follow one another while writers wait; a run starts when a writer asks
+// and none is under way) that starts within burstSpan of the start of a
+// burst (the first run after idleGap without one) waits gatherFor before
+// its first round syncs, for the commits that follow. Without the wait,
+// 16 live tablets at 2,000 records/s cost about 20 syncfs rounds a
+// second, each a blocking system call and a thread's sleep and wake
+// (tens of microseconds of CPU on a virtual machine), with it about 3. A
+// bulk drain is one long burst whose runs, after its first burstSpan,
+// never wait: there a commit's sync is what a tablet waits for between
+// batches, and waiting gatherFor at every run halved the throughput.
+//
 // syncfs flushes what other processes wrote on the filesystem too. A
 // round uses it only when the system holds little other unwritten data
 // (maxOtherDirty, from /proc/meminfo), so that a commit never waits for
@@ -43,10 +57,19 @@ type syncGroup struct {
 	dirtyOK bool
 	dirtyAt time.Time
 
+	// gather is how long the first round of a run early in a burst waits
+	// before it syncs (gatherFor), sleep how it waits and now the clock
+	// (time.Sleep and time.Now when nil; tests hold them).
+	gather time.Duration
+	sleep  func(time.Duration)
+	now    func() time.Time
+
 	mu       sync.Mutex
 	running  bool
 	next     *syncRound // the round the next caller joins
 	failures uint64     // rounds whose syncfs failed
+	burst    time.Time  // when the current burst began
+	lastEnd  time.Time  // when the last run ended
 }
 
 // syncRound is one round: the writers that asked before it began.
@@ -60,6 +83,16 @@ type syncRound struct {
 // system may hold for a round to use syncfs. Written back at a hundred
 // megabytes a second, it is a twelfth of a second.
 const maxOtherDirty = 8 << 20
+
+// gatherFor, idleGap and burstSpan: see the bursts above. 20 ms covers
+// most of a linger's commits of 16 tablets on 2 cores; it adds at most
+// that to a commit's lag (the group commit's linger is 750 ms by
+// default, so a live group is idle most of each).
+const (
+	gatherFor = 20 * time.Millisecond
+	idleGap   = 100 * time.Millisecond
+	burstSpan = 100 * time.Millisecond
+)
 
 // Calls made to make commits durable, for the worker's metrics.
 var (
@@ -96,7 +129,7 @@ func groupFor(dir string) *syncGroup {
 	if err != nil {
 		return nil
 	}
-	g := &syncGroup{dir: d, syncfs: syncFilesystem, unwritten: unwritten}
+	g := &syncGroup{dir: d, syncfs: syncFilesystem, unwritten: unwritten, gather: gatherFor}
 	groups[dev] = g
 	return g
 }
@@ -155,13 +188,21 @@ func (g *syncGroup) wait(written int64) (*syncRound, uint64) {
 	return r, g.failures
 }
 
-// run runs rounds until no writer waits.
+// run runs rounds until no writer waits; the first waits g.gather early
+// in a burst.
 func (g *syncGroup) run() {
+	if g.gatherNow() {
+		if g.sleep != nil {
+			g.sleep(g.gather)
+		} else {
+			time.Sleep(g.gather)
+		}
+	}
 	for {
 		g.mu.Lock()
 		r := g.next
 		if r == nil {
-			g.running = false
+			g.running, g.lastEnd = false, g.clock()
 			g.mu.Unlock()
 			return
 		}
@@ -184,6 +225,26 @@ func (g *syncGroup) run() {
 		g.mu.Unlock()
 		close(r.done)
 	}
+}
+
+// gatherNow says whether a run starting now waits g.gather: it starts a
+// burst (the group was idle for idleGap) or comes within burstSpan of the
+// start of one.
+func (g *syncGroup) gatherNow() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.clock()
+	if now.Sub(g.lastEnd) >= idleGap {
+		g.burst = now
+	}
+	return g.gather > 0 && now.Sub(g.burst) < burstSpan
+}
+
+func (g *syncGroup) clock() time.Time {
+	if g.now != nil {
+		return g.now()
+	}
+	return time.Now()
 }
 
 // unwrittenFor: a reading of unwritten is used for this long. Reading

@@ -131,6 +131,82 @@ func TestWritersCommittingTogetherShareOneSyncfs(t *testing.T) {
 	require.Equal(t, before, after, "no writer synced its own file")
 }
 
+// The first round of a run that starts a burst waits its gather window,
+// and the writers that ask meanwhile share it with the first: 4 writers,
+// one syncfs. The writers that ask while that round syncs get the next
+// round of the same run, which does not wait.
+func TestTheFirstRoundOfABurstWaitsForTheWritersThatFollow(t *testing.T) {
+	g := newFakeGroup(t)
+	g.gather = time.Hour
+	gathering, release := make(chan time.Duration, 2), make(chan struct{})
+	g.sleep = func(d time.Duration) {
+		gathering <- d
+		<-release
+	}
+	syncing := make(chan struct{})
+	g.release = syncing
+	first := syncers(g.syncGroup, 1)
+	done := make(chan []error, 1)
+	go func() { done <- syncAll(t, first) }()
+	select {
+	case d := <-gathering:
+		require.Equal(t, time.Hour, d)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first round of a burst did not wait its window")
+	}
+	rest := syncers(g.syncGroup, 3)
+	restDone := make(chan []error, 1)
+	go func() { restDone <- syncAll(t, rest) }()
+	require.Eventually(t, func() bool { return g.waiting() == 4 }, 5*time.Second, time.Millisecond,
+		"the 3 writers that ask during the window join the first one's round")
+	require.Zero(t, g.syncfsCalls(), "nothing is synced before the window ends")
+	close(release)
+	require.Eventually(t, func() bool { return g.syncfsCalls() == 1 }, 5*time.Second, time.Millisecond)
+
+	late := syncers(g.syncGroup, 2)
+	lateDone := make(chan []error, 1)
+	go func() { lateDone <- syncAll(t, late) }()
+	require.Eventually(t, func() bool { return g.waiting() == 2 }, 5*time.Second, time.Millisecond,
+		"the writers that ask during the syncfs wait for the next round")
+	close(syncing)
+	for _, err := range append(append(<-done, <-restDone...), <-lateDone...) {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 2, g.syncfsCalls())
+	require.Len(t, gathering, 0, "the second round of the run did not wait")
+}
+
+// Runs that start within burstSpan of a burst's start wait; a run later
+// in a burst that goes on (a bulk drain: runs less than idleGap apart)
+// does not; after idleGap without a run a new burst starts, and waits.
+func TestOnlyRunsEarlyInABurstWait(t *testing.T) {
+	g := newFakeGroup(t)
+	g.gather = time.Millisecond
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	g.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	set := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = time.Unix(1000, 0).Add(d) }
+	waits := 0
+	g.sleep = func(time.Duration) { waits++ }
+	s := syncers(g.syncGroup, 1)[0]
+	for _, step := range []struct {
+		at   time.Duration
+		wait bool
+		why  string
+	}{
+		{0, true, "the first run starts a burst"},
+		{burstSpan / 2, true, "early in the burst"},
+		{burstSpan/2 + idleGap*9/10, false, "later in a burst that goes on"},
+		{burstSpan/2 + idleGap*18/10, false, "still later in it"},
+		{burstSpan/2 + idleGap*29/10, true, "after idleGap without a run: a new burst"},
+	} {
+		set(step.at)
+		before := waits
+		require.NoError(t, s.sync(tempFile(t), 1))
+		require.Equal(t, step.wait, waits > before, "at %v: %s", step.at, step.why)
+	}
+}
+
 // A failed syncfs does not say whose write failed: every writer of that
 // round syncs its own file (which reports its own failure), and so does,
 // at its next round, a writer that was not in it; after that, rounds are
