@@ -25,6 +25,7 @@ type poller struct {
 	log    *zap.Logger
 	m      *metrics.Metrics
 	linger time.Duration
+	busy   func() // told when a read finds a backlog; nil: nobody
 
 	acks    chan struct{} // a checkpoint to acknowledge came in (wakes a lingering poller)
 	mu      sync.Mutex
@@ -48,12 +49,13 @@ type polled struct {
 // one was handed over (lingerFor: on a grid shared by the worker's
 // tablets), so that it brings what arrived meanwhile in one batch — the
 // group commit — instead of a record or two per read, each then costing a
-// commit and its syncs.
+// commit and its syncs. A read that finds a backlog calls busy (when not
+// nil): the worker has work that will keep it busy.
 func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, linger time.Duration,
-	now func() time.Time, log *zap.Logger, m *metrics.Metrics) *poller {
+	now func() time.Time, log *zap.Logger, m *metrics.Metrics, busy func()) *poller {
 	ctx, cancel := context.WithCancel(ctx)
 	p := &poller{out: make(chan polled, 1), cancel: cancel, done: make(chan struct{}), rd: rd, req: req, log: log, m: m,
-		linger: linger, acked: req.From, acks: make(chan struct{}, 1)}
+		linger: linger, busy: busy, acked: req.From, acks: make(chan struct{}, 1)}
 	go p.loop(ctx, now)
 	return p
 }
@@ -104,6 +106,9 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 		switch {
 		case n == req.MaxRecords || !b.CaughtUp:
 			backlog = true
+			if p.busy != nil {
+				p.busy()
+			}
 		case backlog:
 			backlog, drained = false, req.From
 		}

@@ -2,6 +2,7 @@ package activities
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func TestLingeringPollerAcknowledgesACommitAtOnce(t *testing.T) {
 	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
 	require.NoError(t, err)
 	p := startPoller(context.Background(), rd, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 100, MaxWait: time.Second},
-		time.Hour, time.Now, zap.NewNop(), nil)
+		time.Hour, time.Now, zap.NewNop(), nil, nil)
 	defer p.stop()
 	first := <-p.out
 	require.NoError(t, first.err)
@@ -62,8 +63,9 @@ func TestPollerAcknowledgesTheEndOfABacklogAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	// The linger is short enough for the trickle's read to come within the
 	// test, far shorter than ackEvery.
+	var busy atomic.Int32 // the reads that found a backlog
 	p := startPoller(context.Background(), rd, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 3, MaxWait: time.Second},
-		100*time.Millisecond, time.Now, zap.NewNop(), nil)
+		100*time.Millisecond, time.Now, zap.NewNop(), nil, func() { busy.Add(1) })
 	defer p.stop()
 	acked := func(want ...string) {
 		t.Helper()
@@ -87,6 +89,7 @@ func TestPollerAcknowledgesTheEndOfABacklogAtOnce(t *testing.T) {
 	p.ack(trickle.batch.Checkpoint)
 	require.Never(t, func() bool { return len(src.log.list()) > 2 }, ackEvery/2, 10*time.Millisecond,
 		"a trickle's commit was acknowledged before ackEvery passed")
+	require.Equal(t, int32(1), busy.Load(), "the full read, and only it, told the worker it is busy")
 }
 
 // At the end of a backlog a read that finds nothing returns within
@@ -113,7 +116,7 @@ func TestPollerWaitsBrieflyAtTheEndOfABacklog(t *testing.T) {
 	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
 	require.NoError(t, err)
 	p := startPoller(context.Background(), rd, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 3, MaxWait: maxWait},
-		time.Hour, time.Now, zap.NewNop(), nil)
+		time.Hour, time.Now, zap.NewNop(), nil, nil)
 	defer p.stop()
 	first := <-p.out
 	require.NoError(t, first.err)
@@ -177,7 +180,7 @@ func TestPollerWaitsUntilATricklesAcknowledgementIsDue(t *testing.T) {
 	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
 	require.NoError(t, err)
 	p := startPoller(context.Background(), rd, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 100, MaxWait: maxWait},
-		10*time.Millisecond, time.Now, zap.NewNop(), nil)
+		10*time.Millisecond, time.Now, zap.NewNop(), nil, nil)
 	defer p.stop()
 	first := <-p.out
 	require.NoError(t, first.err)

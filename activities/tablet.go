@@ -44,6 +44,9 @@ type Activities struct {
 	RecheckEvery time.Duration
 	// PickerWait: see PickerQueryWait (0: PickerQueryWait).
 	PickerWait time.Duration
+	// Busy, if set, is told when a read finds a backlog: work that will
+	// keep the worker busy (the worker's gomaxprocs.Governor).
+	Busy func()
 }
 
 func (a *Activities) now() time.Time {
@@ -258,7 +261,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		return &reading{rd: rd, slots: slots, pl: startPoller(ctx, rd, source.ChangesRequest{
 			Stream: in.Stream, Tablet: in.Tablet, From: res.Checkpoint,
 			MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(),
-		}, in.Batch.LingerD(), a.now, log, a.Metrics)}, nil
+		}, in.Batch.LingerD(), a.now, log, a.Metrics, a.Busy)}, nil
 	}
 	cur, err := open(replica, log)
 	if err != nil {

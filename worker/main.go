@@ -20,6 +20,7 @@ import (
 
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/internal/gomaxprocs"
 	"github.com/tabletflow/tabletflow/metrics"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/workflows"
@@ -43,6 +44,8 @@ func run() error {
 	stopTimeout := flag.Duration("stop-timeout", 30*time.Second,
 		"on SIGTERM, how long in-flight GetChanges get to commit and return")
 	pollers := flag.Int("pollers", 8, "workflow and activity task pollers (each)")
+	adaptiveProcs := flag.Bool("adaptive-gomaxprocs", true,
+		"run on one P of the Go scheduler while the worker is lightly loaded, on all of them while it is busy (see the README's production notes)")
 	metricsAddr := flag.String("metrics-addr", "",
 		"serve Prometheus metrics (tabletflow's and the Temporal SDK's) at http://ADDR/metrics; empty: off")
 	codecAddr := flag.String("codec-addr", "",
@@ -104,6 +107,13 @@ func run() error {
 
 	res := activities.NewResources()
 	defer res.Close()
+	var gov *gomaxprocs.Governor
+	if *adaptiveProcs {
+		gov = gomaxprocs.New()
+		gctx, stopGov := context.WithCancel(context.Background())
+		defer stopGov()
+		go gov.Run(gctx)
+	}
 	w := worker.New(c, *taskQueue, worker.Options{
 		MaxConcurrentActivityExecutionSize: *maxActivities,
 		WorkerStopTimeout:                  *stopTimeout,
@@ -114,7 +124,7 @@ func run() error {
 	})
 	w.RegisterWorkflow(workflows.StreamWorkflow)
 	w.RegisterWorkflow(workflows.TabletWorkflow)
-	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger, Metrics: m,
+	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger, Metrics: m, Busy: gov.Busy,
 		Watcher: &activities.Watcher{Client: c, Interval: time.Second, Logger: logger, DataConverter: opts.DataConverter}})
 	logger.Info("worker starting", zap.String("address", opts.HostPort), zap.String("namespace", opts.Namespace),
 		zap.String("taskQueue", *taskQueue), zap.Int("maxConcurrentActivities", *maxActivities))
