@@ -48,6 +48,10 @@ func (l *callLog) list() []string {
 // errSourceDown is a source error the fake classifies RetrySame.
 var errSourceDown = errors.New("replica unavailable")
 
+// errMismatch is a source error the fake classifies RetryElsewhere
+// (POSITION_MISMATCH: the replica lost the history the tablet needs).
+var errMismatch = errors.New("position mismatch")
+
 // pollFunc answers the n-th GetChanges of a run (from 0).
 type pollFunc func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error)
 
@@ -85,6 +89,9 @@ func (s *fakeSource) Close() error { return nil }
 func (s *fakeSource) Classify(err error) source.Classification {
 	if errors.Is(err, errSourceDown) {
 		return source.Classification{Action: source.RetrySame, Reason: "UNAVAILABLE"}
+	}
+	if errors.Is(err, errMismatch) {
+		return source.Classification{Action: source.RetryElsewhere, Reason: "POSITION_MISMATCH"}
 	}
 	return source.Classification{Action: source.Fatal, Reason: "UNKNOWN"}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/temporal"
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink/sinktest"
@@ -256,6 +257,119 @@ func TestGetChangesReadsOnWhileItsProgressSignalsWait(t *testing.T) {
 	}
 	require.Len(t, got, 1, "the move's signal, sent once the server took it")
 	require.Equal(t, otherAlias, got[0].Switched.Replica.Alias)
+}
+
+// mismatchPoll: from hands out records 1–3, then says it lost the
+// history (POSITION_MISMATCH); any other replica three records from
+// wherever it is asked, then the run's time is up.
+func mismatchPoll(r *rig, from string) func(context.Context, int, source.ChangesRequest) (source.Batch, error) {
+	served := map[string]int{}
+	return func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+		alias := r.src.readersOf()[n]
+		served[alias]++
+		switch {
+		case alias == from && served[alias] == 1:
+			return batch(1, 3), nil
+		case alias == from:
+			return source.Batch{}, errMismatch
+		case served[alias] == 1:
+			return source.Batch{Records: sinktest.Records(testTablet, req.From.Index+1, req.From.Index+3),
+				Checkpoint: cp(req.From.Index + 3), CaughtUp: true}, nil
+		}
+		r.clock.end()
+		<-ctx.Done()
+		return source.Batch{}, ctx.Err()
+	}
+}
+
+// preferCell is a selection that ranks cell's replicas first.
+func preferCell(cell string) config.Selection {
+	return config.Selection{Cells: []string{cell}, CellPreference: "preferLocal"}
+}
+
+// A replica that lost the history the tablet needs (POSITION_MISMATCH)
+// is left in place, as an operator's exclusion is: the run reads another
+// replica on from the committed checkpoint, none twice, without ending,
+// and the tablet workflow hears which replica it left and why (the
+// progress signal, the heartbeat a retry resumes from, the result), to
+// exclude it as if the run had failed on it.
+func TestGetChangesLeavesAReplicaThatLostTheHistoryInPlace(t *testing.T) {
+	r := newRig(t)
+	r.src.replicas = twoReplicas()
+	stream := &fakeStream{}
+	r.a.Client = stream
+	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+	r.src.poll = mismatchPoll(r, testAlias)
+	in := input()
+	// The picker would pick the replica that lost the history again.
+	in.Reroute = &Reroute{Selection: preferCell("zone1")}
+	res, err := r.runWithin(t, in, "the run did not move and finish")
+	require.NoError(t, err, "the mismatch ended the run instead of moving it in place")
+
+	left := config.ExcludeList{{Alias: testAlias, Tablet: testTablet, Reason: "POSITION_MISMATCH"}}
+	require.Equal(t, StoppedRunEnded, res.Stopped)
+	require.NotNil(t, res.Switched)
+	require.Equal(t, otherAlias, res.Switched.Replica.Alias)
+	require.Equal(t, left, res.Left)
+	require.Equal(t, cp(6), res.Checkpoint)
+	require.Equal(t, sinktest.Records(testTablet, 1, 6), r.mem.records(testTablet), "every record once, in order")
+	reqs, readers := r.src.requests(), r.src.readersOf()
+	i := slices.Index(readers, otherAlias)
+	require.Positive(t, i)
+	require.Equal(t, cp(3), reqs[i].From, "the other replica is read from the committed checkpoint")
+	require.NotContains(t, readers[i:], testAlias, "the replica that lost the history was read after the move")
+
+	var moves []Progress
+	for _, s := range stream.signalled() {
+		if p, ok := s.(Progress); ok && p.Switched != nil {
+			moves = append(moves, p)
+		}
+	}
+	require.Len(t, moves, 1, "one progress signal for the move")
+	require.Equal(t, otherAlias, moves[0].Replica)
+	require.Equal(t, &left[0], moves[0].Left)
+	beats := r.spy.heartbeats()
+	require.Equal(t, left, beats[len(beats)-1].hb.Left, "a retry does not pick the replica again")
+}
+
+// A mismatch ends the run with RetryElsewhere, as it always did, when the
+// run may not move in place (a tablet workflow from before the change) or
+// no other replica is eligible: the tablet workflow decides.
+func TestGetChangesEndsTheRunOnAMismatchWhenItCannotMoveInPlace(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		reroute  *Reroute
+		replicas []source.Replica
+	}{
+		{name: "not asked to", replicas: twoReplicas()},
+		{name: "no other replica", reroute: &Reroute{}, replicas: twoReplicas()[:1]},
+		// The picker would pick the other one if it did not skip it.
+		{name: "the other one left before", replicas: twoReplicas(), reroute: &Reroute{Selection: preferCell("zone2")}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.src.replicas = tt.replicas
+			stream := &fakeStream{}
+			r.a.Client = stream
+			r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+			r.src.poll = mismatchPoll(r, testAlias)
+			env := r.activityEnv(context.Background())
+			if tt.name == "the other one left before" {
+				env.SetHeartbeatDetails(Heartbeat{Left: config.ExcludeList{{Alias: otherAlias, Tablet: testTablet, Reason: "POSITION_MISMATCH"}}})
+			}
+			in := input()
+			in.Reroute = tt.reroute
+			_, err := r.run(env, in)
+			var app *temporal.ApplicationError
+			require.ErrorAs(t, err, &app)
+			require.Equal(t, ErrRetryElsewhere, app.Type())
+			var d ErrorDetails
+			require.NoError(t, app.Details(&d))
+			require.Equal(t, testAlias, d.Replica)
+			require.Equal(t, cp(3), d.Checkpoint)
+			require.NotContains(t, r.src.readersOf(), otherAlias)
+		})
+	}
 }
 
 // Without Reroute (a tablet workflow from before the change) or with no

@@ -109,6 +109,10 @@ type GetChangesResult struct {
 	// Switched is the replica the run moved to in place, last (nil: it
 	// read in.Replica throughout).
 	Switched *Selection `json:"switched,omitempty"`
+	// Left: the replicas the run left in place because the source said
+	// to read elsewhere (POSITION_MISMATCH), with the reason: the
+	// tablet's automatic exclusions, which the workflow dates.
+	Left config.ExcludeList `json:"left,omitempty"`
 }
 
 // slotEvery: how often GetChanges reads its replica's slot statistics.
@@ -128,8 +132,10 @@ type Heartbeat struct {
 	// LastSuccess is when a poll last succeeded, for retention headroom.
 	LastSuccess time.Time `json:"lastSuccess,omitzero"`
 	// Switched: the replica an earlier attempt moved to in place, which
-	// the next attempt reads instead of in.Replica.
-	Switched *Selection `json:"switched,omitempty"`
+	// the next attempt reads instead of in.Replica; Left, the replicas
+	// earlier attempts left in place, which it does not pick again.
+	Switched *Selection         `json:"switched,omitempty"`
+	Left     config.ExcludeList `json:"left,omitempty"`
 }
 
 // Progress is the SignalProgress payload.
@@ -140,8 +146,11 @@ type Progress struct {
 	LastError string `json:"lastError,omitempty"`
 	Replica   string `json:"replica"`
 	// Switched is set when the run moved to Replica in place, because the
-	// operator excluded the one it read: the tablet's selection now.
-	Switched *Selection `json:"switched,omitempty"`
+	// operator excluded the one it read or the source said to read
+	// elsewhere: the tablet's selection now. Left is set in the second
+	// case: the replica left and why, for the tablet's own exclude list.
+	Switched *Selection        `json:"switched,omitempty"`
+	Left     *config.Exclusion `json:"left,omitempty"`
 }
 
 // commitTimeout bounds a commit or an ack, which run on a context that
@@ -158,7 +167,10 @@ const commitTimeout = 30 * time.Second
 // leaves an excluded replica in place instead: the picker chooses another
 // (reroute), which is read on from the committed checkpoint, and the
 // tablet workflow hears of it (Progress.Switched, then the result's
-// Switched); the run ends only when there is none. On a retry it
+// Switched); the run ends only when there is none. So it does with a
+// replica the source says to read elsewhere (POSITION_MISMATCH), which
+// the tablet then excludes for a while as if the run had failed
+// (Progress.Left, the result's Left). On a retry it
 // resumes (on the replica it moved to, if it did) from the later of the
 // heartbeat, the sink's stored checkpoint and in.Checkpoint; a sink that
 // is behind a checkpoint committed to it (lost data) is SinkFailed, except
@@ -180,7 +192,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	// failed attempt committed are not lost from the tablet's counters;
 	// so does a move to another replica.
 	res := GetChangesResult{Checkpoint: source.Max(in.Checkpoint, hb.Checkpoint), Records: hb.Records, Batches: hb.Batches,
-		Switched: hb.Switched}
+		Switched: hb.Switched, Left: hb.Left}
 	replica := in.Replica
 	onFallback := in.Reroute != nil && in.Reroute.Fallback
 	if hb.Switched != nil {
@@ -194,7 +206,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	}
 	progress := func(lastError string) Heartbeat {
 		return Heartbeat{Checkpoint: res.Checkpoint, Records: res.Records, Batches: res.Batches,
-			LastError: lastError, LastSuccess: lastSuccess, Switched: res.Switched}
+			LastError: lastError, LastSuccess: lastSuccess, Switched: res.Switched, Left: res.Left}
 	}
 	// Until this attempt commits, its heartbeat says why the last one failed.
 	beat := startHeartbeats(func(d Heartbeat) { activity.RecordHeartbeat(ctx, d) }, progress(hb.LastError), info.HeartbeatTimeout/3)
@@ -353,7 +365,8 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	// moveTo leaves the replica read for next, in place, from the
 	// committed checkpoint; false if next cannot be opened (the current
 	// one is closed by then: the run ends and the tablet selects again).
-	moveTo := func(next Selection) bool {
+	// left, if set, says the source sent the run elsewhere.
+	moveTo := func(next Selection, left *config.Exclusion) bool {
 		cur.close()
 		nlog := base.With(zap.String("replica", next.Replica.Alias))
 		r, err := open(next.Replica, nlog)
@@ -364,10 +377,13 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		}
 		log.Info("moved to another replica in place", zap.String("to", next.Replica.Alias), zap.Bool("fallback", next.Fallback))
 		cur, replica, log, res.Switched, slotRead, onFallback = r, next.Replica, nlog, &next, time.Time{}, next.Fallback
+		if left != nil {
+			res.Left = res.Left.Add(*left)
+		}
 		deadline = deadlineOn(next.Fallback)
 		runEnds.Reset(deadline.Sub(a.now()))
 		beat.set(progress(""))
-		sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next})
+		sig.send(Progress{State: "Streaming", Attempt: info.Attempt, Replica: replica.Alias, Switched: &next, Left: left})
 		return true
 	}
 	for {
@@ -400,11 +416,11 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 				var ok bool
 				switch {
 				case excluded:
-					next, ok = a.reroute(ctx, src, in, replica.Alias, log)
+					next, ok = a.reroute(ctx, src, in, res.Left, replica.Alias, log)
 				case stopping == StoppedRunEnded && onFallback && a.now().Before(runDeadline):
-					next, ok = a.preferredAgain(ctx, src, in, replica.Alias)
+					next, ok = a.preferredAgain(ctx, src, in, res.Left, replica.Alias)
 				}
-				if ok && moveTo(next) {
+				if ok && moveTo(next, nil) {
 					continue
 				}
 				res.Stopped = stopping
@@ -442,6 +458,13 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			return fail(err)
 		case source.RetryElsewhere:
 			a.Metrics.Excluded(in.Stream, in.Tablet, "automatic")
+			// Another replica at once, in place: the tablet workflow's
+			// round trip (this run's end, a workflow task, a selection, a
+			// new run) would add its time to the tablet's lag.
+			left := config.Exclusion{Alias: replica.Alias, Tablet: in.Tablet, Reason: c.Reason}
+			if next, ok := a.reroute(ctx, src, in, res.Left.Add(left), replica.Alias, log); ok && moveTo(next, &left) {
+				continue
+			}
 		}
 		return res, typed(c, err, replica.Alias, res.Checkpoint)
 	}
@@ -481,14 +504,17 @@ const FallbackRun = time.Minute
 const rerouteTimeout = 5 * time.Second
 
 // reroute picks the replica a run moves to in place when the operator
-// excludes the one it reads: the tablet picker over the topology as it is
-// now, skipping the tablet's own exclusions (as at the run's start) and
-// the operator's list as this worker's watcher read it. ok is false when
+// excludes the one it reads or the source sends it elsewhere: the tablet
+// picker over the topology as it is now, skipping the tablet's own
+// exclusions (as at the run's start, and left, the replicas the run
+// left) and the operator's list as this worker's watcher read it. ok is
+// false when
 // the run was not asked to (in.Reroute nil), the list or the topology
 // cannot be read, or no other replica is eligible: the run then ends and
 // the tablet workflow selects, as it always did.
-func (a *Activities) reroute(ctx context.Context, src source.Source, in GetChangesInput, from string, log *zap.Logger) (Selection, bool) {
-	sel, asked, err := a.pickInPlace(ctx, src, in)
+func (a *Activities) reroute(ctx context.Context, src source.Source, in GetChangesInput, left config.ExcludeList, from string,
+	log *zap.Logger) (Selection, bool) {
+	sel, asked, err := a.pickInPlace(ctx, src, in, left)
 	if !asked {
 		return Selection{}, false
 	}
@@ -502,8 +528,9 @@ func (a *Activities) reroute(ctx context.Context, src source.Source, in GetChang
 // preferredAgain is the pick of a run whose time on a fallback replica is
 // up: a preferred replica other than from, if the picker finds one now
 // (ok false: the run ends and the tablet selects, as after a run).
-func (a *Activities) preferredAgain(ctx context.Context, src source.Source, in GetChangesInput, from string) (Selection, bool) {
-	sel, asked, err := a.pickInPlace(ctx, src, in)
+func (a *Activities) preferredAgain(ctx context.Context, src source.Source, in GetChangesInput, left config.ExcludeList,
+	from string) (Selection, bool) {
+	sel, asked, err := a.pickInPlace(ctx, src, in, left)
 	if !asked || err != nil || sel.Fallback || sel.Replica.Alias == from {
 		return Selection{}, false
 	}
@@ -512,20 +539,31 @@ func (a *Activities) preferredAgain(ctx context.Context, src source.Source, in G
 
 // pickInPlace runs the tablet picker for a move in place: over the
 // topology as it is now, skipping the tablet's own exclusions (as at the
-// run's start) and the operator's list as this worker's watcher read it.
+// run's start, and the replicas the run left) and the operator's list as
+// this worker's watcher read it.
 // asked is false when the run may not move in place (not asked to, or the
-// list not read here).
-func (a *Activities) pickInPlace(ctx context.Context, src source.Source, in GetChangesInput) (sel Selection, asked bool, err error) {
+// list not read here, and not within pickerWait when asked).
+func (a *Activities) pickInPlace(ctx context.Context, src source.Source, in GetChangesInput, left config.ExcludeList) (sel Selection, asked bool, err error) {
 	if in.Reroute == nil {
 		return Selection{}, false, nil
 	}
 	operator, ok := a.Watcher.Watched(in.Stream)
+	if !ok && a.Watcher != nil {
+		// Not read yet (the run just started): wait for the watcher's
+		// first answer as the picker does (pickerWait).
+		wctx, cancel := context.WithTimeout(ctx, a.pickerWait())
+		var err error
+		operator, err = a.Watcher.Exclusions(wctx, in.Stream)
+		cancel()
+		ok = err == nil
+	}
 	if !ok {
 		return Selection{}, false, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, rerouteTimeout)
 	defer cancel()
-	sel, err = a.pick(pctx, src, in.Stream, in.Tablet, in.Reroute.Selection, append(slices.Clone(in.Reroute.Exclude), operator...))
+	exclude := append(append(slices.Clone(in.Reroute.Exclude), left...), operator...)
+	sel, err = a.pick(pctx, src, in.Stream, in.Tablet, in.Reroute.Selection, exclude)
 	return sel, true, err
 }
 

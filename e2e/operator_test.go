@@ -82,8 +82,9 @@ func TestOneFailingTabletDoesNotStallOrExpireTheOthers(t *testing.T) {
 }
 
 // b. Vitess's lesson: a replica that lost the history (GTIDSet Mismatch)
-// is excluded for that tablet and another cell's replica takes over;
-// transient errors are retried on the same replica without exclusion.
+// is excluded for that tablet and another cell's replica takes over, in
+// place (the run goes on); transient errors are retried on the same
+// replica without exclusion.
 func TestPositionMismatchMovesTheTabletToAnotherReplica(t *testing.T) {
 	e := newEnv(t, "--tablets", "4", "--rate", "200")
 	e.startWorker()
@@ -104,6 +105,8 @@ func TestPositionMismatchMovesTheTabletToAnotherReplica(t *testing.T) {
 	require.Equal(t, local, b.Excluded[0].Alias)
 	require.Equal(t, "POSITION_MISMATCH", b.Excluded[0].Reason)
 	require.WithinDuration(t, time.Now().Add(5*time.Minute), b.Excluded[0].Expires, time.Minute, "expires after autoExcludeTTL")
+	mid := workflows.TabletWorkflowID("mismatch", "t-0001")
+	require.True(t, e.movedInPlace(mid, local), "t-0001 did not move in place: %s", e.lastEvents(mid, 12))
 
 	// UNAVAILABLE on t-0002's replica: retried on it, no exclusion.
 	target := tabletStatus(st, "t-0002").Replica
@@ -125,8 +128,9 @@ func TestPositionMismatchMovesTheTabletToAnotherReplica(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(t, e.temporal.GetWorkflow(ctx, "mismatch", "").Get(ctx, nil))
-	e.recordHistory(workflows.TabletWorkflowID("mismatch", "t-0001"), "", "tablet-retry-elsewhere")
-	e.recordHistory(workflows.TabletWorkflowID("mismatch", "t-0002"), "", "tablet-retry-same")
+	// tablet-retry-elsewhere.json and tablet-retry-same.json were recorded
+	// here before runs moved in place on a mismatch.
+	e.recordHistory(mid, "", "tablet-mismatch-in-place")
 }
 
 // c. An operator excludes a replica with the Temporal CLI: every tablet on

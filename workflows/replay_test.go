@@ -82,6 +82,11 @@ var recorded = map[string]recording{
 	// e2e.TestStopWithDropSourceStream).
 	"stream-first-picks-stopped.json": {"stopme", "0f8fbf9453dc629c6bfe6c821d4205828906002f55c4514e6563112e01e7a2cd"},
 	"tablet-first-pick-stopped.json":  {"stopme/tablet/t-0001", "f774289ecb131987454629182b60591e95451f8f54381db1c1529048302b36a1"},
+	// A run that moved in place off a replica that lost the history (its
+	// progress signal names the replica it left, which the tablet
+	// excludes), then stopped (from
+	// e2e.TestPositionMismatchMovesTheTabletToAnotherReplica).
+	"tablet-mismatch-in-place.json": {"mismatch/tablet/t-0001", "22dc7eb0f8e70f66d1aa8d727621c8f3bec27cf630cf55580414b7a4455633ca"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

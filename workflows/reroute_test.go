@@ -10,6 +10,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/config"
 )
 
 // A run that moved to another replica in place (the operator excluded
@@ -61,4 +62,71 @@ func TestTabletTakesTheReplicaARunMovedToInPlace(t *testing.T) {
 	require.Equal(t, movedBySignal.Replica.Alias, status.Excluded[0].Alias, "the error counts against the replica moved to")
 	require.Equal(t, "POSITION_MISMATCH", status.Excluded[0].Reason)
 	require.Equal(t, 2, selections, "one selection at the start, one after the failure; none after a move")
+}
+
+// A run that left a replica in place because the source said to read
+// elsewhere (POSITION_MISMATCH) puts it on the tablet's own exclude list,
+// as a run that failed so would have: the status shows it with its reason
+// and expiry at once (the progress signal), once though the result says
+// it again, and the tablet's next runs and selections skip it.
+func TestTabletExcludesTheReplicaARunLeftInPlace(t *testing.T) {
+	env := newEnv(t)
+	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+	cfg := mustConfig(t)
+	first := activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 3}
+	moved := activities.Selection{Replica: replica("t-0001", "zone2-0000000201"), Candidates: 2}
+	left := config.Exclusion{Alias: first.Replica.Alias, Tablet: "t-0001", Reason: "POSITION_MISMATCH"}
+	var selects []activities.SelectReplicaInput
+	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.SelectReplicaInput) (activities.Selection, error) {
+			selects = append(selects, in)
+			if len(selects) == 1 {
+				return first, nil
+			}
+			return moved, nil
+		})
+	var calls []activities.GetChangesInput
+	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
+			calls = append(calls, in)
+			switch len(calls) {
+			case 1:
+				return activities.GetChangesResult{Checkpoint: cp(10), Stopped: activities.StoppedRunEnded,
+					Switched: &moved, Left: config.ExcludeList{left}}, nil
+			case 2: // the operator's pause ends it; the tablet selects when resumed
+				return activities.GetChangesResult{Checkpoint: cp(20), Stopped: "cancelled"}, nil
+			}
+			return activities.GetChangesResult{Checkpoint: cp(30), Stopped: activities.StoppedRunEnded}, nil
+		}).After(time.Minute)
+	env.OnSignalExternalWorkflow(mock.Anything, "orders", "", SignalTabletReport, mock.Anything).Return(nil)
+	var signalled time.Time
+	env.RegisterDelayedCallback(func() {
+		signalled = env.Now()
+		env.SignalWorkflow(activities.SignalProgress, activities.Progress{State: "Streaming", Attempt: 1,
+			Replica: moved.Replica.Alias, Switched: &moved, Left: &left})
+	}, 30*time.Second)
+	var during TabletStatus
+	env.RegisterDelayedCallback(func() { during = queryStatus[TabletStatus](t, env) }, 40*time.Second)
+	var status TabletStatus
+	env.RegisterDelayedCallback(func() { status = queryStatus[TabletStatus](t, env); env.CancelWorkflow() }, 150*time.Second)
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: cfg, Tablets: 1}, (*TabletState)(nil))
+
+	want := left
+	want.Expires = signalled.Add(cfg.AutoExcludeTTL.D()).UTC()
+	utc := func(l config.ExcludeList) config.ExcludeList {
+		for i := range l {
+			l[i].Expires = l[i].Expires.UTC()
+		}
+		return l
+	}
+	require.Equal(t, config.ExcludeList{want}, utc(during.Excluded), "the signal put the replica on the tablet's list")
+	require.Equal(t, moved.Replica.Alias, during.Replica)
+	require.Equal(t, config.ExcludeList{want}, utc(status.Excluded), "the result's word for it changed nothing")
+	require.GreaterOrEqual(t, len(calls), 2)
+	require.Equal(t, moved.Replica.Alias, calls[1].Replica.Alias, "the next run reads the replica moved to")
+	require.Equal(t, config.ExcludeList{want}, utc(calls[1].Reroute.Exclude), "the next run does not move back to it")
+	require.GreaterOrEqual(t, len(selects), 2, "the cancelled run's tablet selects again")
+	for _, in := range selects[1:] {
+		require.Equal(t, config.ExcludeList{want}, utc(in.Exclude), "a selection skips it")
+	}
 }

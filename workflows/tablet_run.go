@@ -90,11 +90,21 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	fut := workflow.ExecuteActivity(actx, a.GetChanges, in)
 	// moved takes the replica the run moved to in place as the tablet's
 	// selection: what an error is counted against, and what the next run
-	// reads.
-	moved := func(to *activities.Selection) {
-		if to != nil && t.reroute {
-			sel = *to
-			t.current = &sel
+	// reads; and the replicas it left because the source sent it
+	// elsewhere onto the tablet's own exclude list, as if a run on each
+	// had failed so (once: a signal and the result may both say it).
+	heard := map[string]bool{}
+	moved := func(to *activities.Selection, left ...config.Exclusion) {
+		if to == nil || !t.reroute {
+			return
+		}
+		sel = *to
+		t.current = &sel
+		for _, e := range left {
+			if !heard[e.Alias] {
+				heard[e.Alias] = true
+				t.exclude(ctx, e.Alias, e.Reason, workflow.Now(ctx))
+			}
 		}
 	}
 	// While it runs: the activity says when it retries and recovers; an
@@ -110,7 +120,11 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 				t.badSignal(ctx, activities.SignalProgress, err)
 				return
 			}
-			moved(p.Switched)
+			if p.Left != nil {
+				moved(p.Switched, *p.Left)
+			} else {
+				moved(p.Switched)
+			}
 			t.st.Status.Attempt = p.Attempt
 			state := Streaming
 			if p.State == string(Retrying) {
@@ -138,7 +152,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	}
 	var res activities.GetChangesResult
 	runErr := fut.Get(ctx, &res)
-	moved(res.Switched)
+	moved(res.Switched, res.Left...)
 	if runErr != nil {
 		t.log.Warn("tablet run failed", "error", runErr)
 	}
@@ -178,7 +192,7 @@ func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome
 		}
 	}
 	if d.exclude != "" {
-		t.exclude(ctx, sel, d.exclude, workflow.Now(ctx))
+		t.exclude(ctx, sel.Replica.Alias, d.exclude, workflow.Now(ctx))
 	}
 	if d.wait {
 		return false, t.wait(ctx, d.byPolicy)
@@ -187,10 +201,11 @@ func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome
 }
 
 // exclude adds the replica to the tablet's own exclude list for
-// autoExcludeTTL (decide never asks for the last eligible replica).
-func (t *tablet) exclude(ctx workflow.Context, sel activities.Selection, reason string, now time.Time) {
+// autoExcludeTTL (decide never asks for the last eligible replica, nor
+// does a run move in place from it).
+func (t *tablet) exclude(ctx workflow.Context, alias, reason string, now time.Time) {
 	t.st.Exclude = t.st.Exclude.Add(config.Exclusion{
-		Alias: sel.Replica.Alias, Tablet: t.in.Tablet, Reason: reason,
+		Alias: alias, Tablet: t.in.Tablet, Reason: reason,
 		Expires: now.Add(t.in.Config.AutoExcludeTTL.D()),
 	})
 	t.st.Status.Excluded = t.liveExclusions(ctx)
