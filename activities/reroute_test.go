@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -300,7 +301,10 @@ func TestGetChangesLeavesAReplicaThatLostTheHistoryInPlace(t *testing.T) {
 	r.a.Client = stream
 	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
 	r.src.poll = mismatchPoll(r, testAlias)
+	var busy atomic.Int32
+	r.a.Busy = func() { busy.Add(1) }
 	in := input()
+	in.Batch.MaxRecords = 100 // no read is full: only the move says the worker is busy
 	// The picker would pick the replica that lost the history again.
 	in.Reroute = &Reroute{Selection: preferCell("zone1")}
 	res, err := r.runWithin(t, in, "the run did not move and finish")
@@ -330,6 +334,7 @@ func TestGetChangesLeavesAReplicaThatLostTheHistoryInPlace(t *testing.T) {
 	require.Equal(t, &left[0], moves[0].Left)
 	beats := r.spy.heartbeats()
 	require.Equal(t, left, beats[len(beats)-1].hb.Left, "a retry does not pick the replica again")
+	require.Equal(t, int32(1), busy.Load(), "the move told the worker it is busy")
 }
 
 // A mismatch ends the run with RetryElsewhere, as it always did, when the

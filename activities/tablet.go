@@ -44,9 +44,17 @@ type Activities struct {
 	RecheckEvery time.Duration
 	// PickerWait: see PickerQueryWait (0: PickerQueryWait).
 	PickerWait time.Duration
-	// Busy, if set, is told when a read finds a backlog: work that will
-	// keep the worker busy (the worker's gomaxprocs.Governor).
+	// Busy, if set, is told when a read finds a backlog, the operator's
+	// exclude list changes or a run moves in place: work that will keep
+	// the worker busy (the worker's gomaxprocs.Governor).
 	Busy func()
+}
+
+// busy tells a.Busy, if set.
+func (a *Activities) busy() {
+	if a.Busy != nil {
+		a.Busy()
+	}
 }
 
 func (a *Activities) now() time.Time {
@@ -367,6 +375,7 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	// one is closed by then: the run ends and the tablet selects again).
 	// left, if set, says the source sent the run elsewhere.
 	moveTo := func(next Selection, left *config.Exclusion) bool {
+		a.busy()
 		cur.close()
 		nlog := base.With(zap.String("replica", next.Replica.Alias))
 		r, err := open(next.Replica, nlog)
@@ -433,6 +442,9 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 			case <-stop:
 			case <-runEnds.C:
 			case <-changed:
+				// The operator's list changed: a worker's tablets may
+				// all move at once.
+				a.busy()
 			case <-recheck.C:
 			}
 		}
@@ -508,10 +520,9 @@ const rerouteTimeout = 5 * time.Second
 // picker over the topology as it is now, skipping the tablet's own
 // exclusions (as at the run's start, and left, the replicas the run
 // left) and the operator's list as this worker's watcher read it. ok is
-// false when
-// the run was not asked to (in.Reroute nil), the list or the topology
-// cannot be read, or no other replica is eligible: the run then ends and
-// the tablet workflow selects, as it always did.
+// false when the run was not asked to (in.Reroute nil), the list or the
+// topology cannot be read, or no other replica is eligible: the run then
+// ends and the tablet workflow selects, as it always did.
 func (a *Activities) reroute(ctx context.Context, src source.Source, in GetChangesInput, left config.ExcludeList, from string,
 	log *zap.Logger) (Selection, bool) {
 	sel, asked, err := a.pickInPlace(ctx, src, in, left)
