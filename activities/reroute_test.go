@@ -52,11 +52,7 @@ func movePoll(r *rig, from, to string) func(context.Context, int, source.Changes
 // hands out records 1–3 then waits (a quiet tablet), the second records
 // 4–6 from wherever it is asked, then the run's time is up.
 func rerouteRig(t *testing.T) (*rig, *fakeStream) {
-	r := newRig(t)
-	r.src.replicas = twoReplicas()
-	stream := &fakeStream{}
-	r.a.Client = stream
-	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+	r, stream := watchedRig(t, twoReplicas())
 	r.a.RecheckEvery = time.Hour // the watcher's read wakes the run, not a periodic check
 	r.src.poll = movePoll(r, testAlias, otherAlias)
 	go func() { // after the first commit (runWithin fails the test if it never comes)
@@ -175,12 +171,8 @@ func TestGetChangesOnAFallbackReplicaMovedToInPlaceEndsAfterFallbackRun(t *testi
 // the tablet seconds of reads), records go on from the committed
 // checkpoint, none twice, and the tablet hears it is off the fallback.
 func TestGetChangesOnAFallbackMovesBackInPlaceWhenItsTimeIsUp(t *testing.T) {
-	r := newRig(t)
-	r.src.replicas = twoReplicas()
-	stream := &fakeStream{}
+	r, stream := watchedRig(t, twoReplicas())
 	stream.set(config.ExcludeList{{Alias: testAlias, Reason: "maintenance"}})
-	r.a.Client = stream
-	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
 	r.a.RecheckEvery = 5 * time.Millisecond // the fake clock's advance is seen at the next check
 	r.src.poll = movePoll(r, otherAlias, testAlias)
 	in := input() // RunFor: an hour
@@ -260,6 +252,17 @@ func TestGetChangesReadsOnWhileItsProgressSignalsWait(t *testing.T) {
 	require.Equal(t, otherAlias, got[0].Switched.Replica.Alias)
 }
 
+// watchedRig is a rig over replicas whose stream and operator-list
+// watcher are fakes (the list empty until the test sets it).
+func watchedRig(t *testing.T, replicas []source.Replica) (*rig, *fakeStream) {
+	r := newRig(t)
+	r.src.replicas = replicas
+	stream := &fakeStream{}
+	r.a.Client = stream
+	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+	return r, stream
+}
+
 // mismatchPoll: from hands out records 1–3, then says it lost the
 // history (POSITION_MISMATCH); any other replica three records from
 // wherever it is asked, then the run's time is up.
@@ -295,11 +298,7 @@ func preferCell(cell string) config.Selection {
 // progress signal, the heartbeat a retry resumes from, the result), to
 // exclude it as if the run had failed on it.
 func TestGetChangesLeavesAReplicaThatLostTheHistoryInPlace(t *testing.T) {
-	r := newRig(t)
-	r.src.replicas = twoReplicas()
-	stream := &fakeStream{}
-	r.a.Client = stream
-	r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+	r, stream := watchedRig(t, twoReplicas())
 	r.src.poll = mismatchPoll(r, testAlias)
 	var busy atomic.Int32
 	r.a.Busy = func() { busy.Add(1) }
@@ -345,22 +344,20 @@ func TestGetChangesEndsTheRunOnAMismatchWhenItCannotMoveInPlace(t *testing.T) {
 		name     string
 		reroute  *Reroute
 		replicas []source.Replica
+		left     config.ExcludeList // what an earlier attempt left (its heartbeat)
 	}{
 		{name: "not asked to", replicas: twoReplicas()},
 		{name: "no other replica", reroute: &Reroute{}, replicas: twoReplicas()[:1]},
 		// The picker would pick the other one if it did not skip it.
-		{name: "the other one left before", replicas: twoReplicas(), reroute: &Reroute{Selection: preferCell("zone2")}},
+		{name: "the other one left before", replicas: twoReplicas(), reroute: &Reroute{Selection: preferCell("zone2")},
+			left: config.ExcludeList{{Alias: otherAlias, Tablet: testTablet, Reason: "POSITION_MISMATCH"}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newRig(t)
-			r.src.replicas = tt.replicas
-			stream := &fakeStream{}
-			r.a.Client = stream
-			r.a.Watcher = &Watcher{Client: stream, Interval: 20 * time.Millisecond}
+			r, _ := watchedRig(t, tt.replicas)
 			r.src.poll = mismatchPoll(r, testAlias)
 			env := r.activityEnv(context.Background())
-			if tt.name == "the other one left before" {
-				env.SetHeartbeatDetails(Heartbeat{Left: config.ExcludeList{{Alias: otherAlias, Tablet: testTablet, Reason: "POSITION_MISMATCH"}}})
+			if tt.left != nil {
+				env.SetHeartbeatDetails(Heartbeat{Left: tt.left})
 			}
 			in := input()
 			in.Reroute = tt.reroute
