@@ -25,11 +25,12 @@ import (
 
 // The policy's bounds, in cores of CPU the process used over an interval.
 const (
-	// Busy: at or above this, every P (a bulk drain uses about one core).
-	Busy = 0.5
-	// Quiet: below this for QuietIntervals intervals in a row, one P (16
+	// BusyLoad: at or above this, every P (a bulk drain uses about one
+	// core).
+	BusyLoad = 0.5
+	// QuietLoad: below this for QuietIntervals intervals in a row, one P (16
 	// live tablets at 2,000 records/s use about 0.03).
-	Quiet          = 0.15
+	QuietLoad      = 0.15
 	QuietIntervals = 2
 	// Interval between looks at the process's CPU time. The looks end on
 	// multiples of it on the clock, as the tablets' lingers and idle reads
@@ -43,9 +44,9 @@ const (
 // in a row there have been (quiet before it, counting this one after).
 func next(cur, max int, load float64, quiet int) (procs, quietAfter int) {
 	switch {
-	case load >= Busy:
+	case load >= BusyLoad:
 		return max, 0
-	case load < Quiet:
+	case load < QuietLoad:
 		quiet++
 		if quiet >= QuietIntervals {
 			return 1, quiet

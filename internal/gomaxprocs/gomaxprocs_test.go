@@ -16,14 +16,14 @@ func TestPolicy(t *testing.T) {
 		load             float64
 		procs, quietNext int
 	}{
-		{"busy puts every P back", 1, 5, Busy, 4, 0},
+		{"busy puts every P back", 1, 5, BusyLoad, 4, 0},
 		{"busy on every P stays", 4, 0, 1.7, 4, 0},
 		{"one quiet interval is not enough", 4, 0, 0.01, 4, 1},
-		{"two quiet intervals in a row: one P", 4, 1, Quiet - 0.001, 1, 2},
+		{"two quiet intervals in a row: one P", 4, 1, QuietLoad - 0.001, 1, 2},
 		{"quiet on one P stays", 1, 7, 0, 1, 8},
 		{"between the bounds keeps the Ps", 4, 1, 0.3, 4, 0},
 		{"between the bounds on one P stays", 1, 3, 0.3, 1, 0},
-		{"between the bounds breaks a quiet spell", 4, 1, Quiet, 4, 0},
+		{"between the bounds breaks a quiet spell", 4, 1, QuietLoad, 4, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			procs, quiet := next(c.cur, 4, c.load, c.quiet)
@@ -98,7 +98,7 @@ func TestGovernorFollowsTheLoad(t *testing.T) {
 	require.Equal(t, 4, p, "Busy puts every P back at once")
 	require.Equal(t, 4, g.Procs())
 
-	// Far more than Busy cores over any interval: it stays on every P.
+	// Far more than BusyLoad cores over any interval: it stays on every P.
 	f.use(time.Hour)
 	_, sets := f.get()
 	looks := f.looked()
