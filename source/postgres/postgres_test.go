@@ -546,11 +546,17 @@ func TestAChangeCommittedRightAfterAChunksWatermarkSurvivesARestart(t *testing.T
 	require.Equal(t, want, got, "the update committed right after the watermark is read after the restart: %v", rest)
 }
 
-// hangingCommit runs sql in a transaction on p whose commit is written and
-// flushed but stays invisible to everyone else: it waits for a synchronous
-// standby that does not exist (only that session asks for one). release
-// ends the wait (the commit becomes visible); done reports the end.
-func hangingCommit(t *testing.T, p *pgbed.Node, sql string) (release func(), done <-chan error) {
+// syncRepOn names a synchronous standby that does not exist on p, with
+// synchronous_commit 'local' for everyone who does not ask for more, and
+// waits until the setting is in force. A reload reaches the server's
+// processes one by one, and whether a commit waits for a standby is
+// decided by the checkpointer's copy of synchronous_standby_names: a
+// commit made before the checkpointer has it does not wait (seen under
+// load, when a test's hanging commit went through at once). In force
+// means a probe commit waited for the standby (a commit waits only if it
+// wrote WAL: the probe creates a temporary table that its commit drops);
+// the probe is then cancelled, which commits it locally.
+func syncRepOn(t *testing.T, p *pgbed.Node) {
 	t.Helper()
 	ctx := ctxT(t, time.Minute)
 	require.NoError(t, p.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`))
@@ -561,6 +567,22 @@ func hangingCommit(t *testing.T, p *pgbed.Node, sql string) (release func(), don
 			_ = p.Exec(context.Background(), q)
 		}
 	})
+	require.Eventually(t, func() bool {
+		waited, release, done := syncRepCommit(t, p, `CREATE TEMP TABLE syncrep_probe () ON COMMIT DROP`, 2*time.Second)
+		release()
+		<-done
+		return waited
+	}, 30*time.Second, 50*time.Millisecond, "a commit waits for the synchronous standby")
+}
+
+// syncRepCommit runs sql on a connection of its own with synchronous_commit
+// 'on' and waits up to within for its commit to wait for the synchronous
+// standby (syncRepOn names one that never answers), or to end. It returns
+// whether the commit waited; release cancels the wait, which makes the
+// commit visible; done reports the statement's end.
+func syncRepCommit(t *testing.T, p *pgbed.Node, sql string, within time.Duration) (waited bool, release func(), done <-chan error) {
+	t.Helper()
+	ctx := ctxT(t, time.Minute)
 	conn, err := p.Connect(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
@@ -569,17 +591,32 @@ func hangingCommit(t *testing.T, p *pgbed.Node, sql string) (release func(), don
 	ch := make(chan error, 1)
 	go func() {
 		_, err := conn.Exec(ctx, `SET synchronous_commit = 'on'; `+sql)
+		_ = conn.Close(context.Background())
 		ch <- err
 	}()
-	require.Eventually(t, func() bool {
+	for deadline := time.Now().Add(within); !waited && len(ch) == 0 && time.Now().Before(deadline); {
 		var ev *string
 		require.NoError(t, p.QueryRow(ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&ev))
-		return ev != nil && *ev == "SyncRep"
-	}, 30*time.Second, 20*time.Millisecond, "the commit waits for the synchronous standby")
+		waited = ev != nil && *ev == "SyncRep"
+		if !waited {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	var once sync.Once
 	release = func() { once.Do(func() { _ = p.Exec(context.Background(), `SELECT pg_cancel_backend($1)`, pid) }) }
 	t.Cleanup(release) // before the bed stops: a server waits for such a session at shutdown
-	return release, ch
+	return waited, release, ch
+}
+
+// hangingCommit runs sql in a transaction on p whose commit is written and
+// flushed but stays invisible to everyone else: it waits for the synchronous
+// standby syncRepOn named (only that session asks for one). release ends
+// the wait (the commit becomes visible); done reports the end.
+func hangingCommit(t *testing.T, p *pgbed.Node, sql string) (release func(), done <-chan error) {
+	t.Helper()
+	waited, release, done := syncRepCommit(t, p, sql, 30*time.Second)
+	require.True(t, waited, "the commit waits for the synchronous standby")
+	return release, done
 }
 
 // A transaction whose commit is in the WAL before a chunk's watermark but
@@ -591,6 +628,7 @@ func TestAChunkNeverHoldsRowsOlderThanAChangeBeforeItsWatermark(t *testing.T) {
 	const stream = "vis"
 	b, p, start := snapshotBed(t, stream, 6)
 	ctx := ctxT(t, time.Minute)
+	syncRepOn(t, p)
 	release, committed := hangingCommit(t, p, `UPDATE public.items SET qty = 99 WHERE id = 1`)
 	var qty int
 	require.NoError(t, p.QueryRow(ctx, `SELECT qty FROM public.items WHERE id = 1`).Scan(&qty))
@@ -625,6 +663,7 @@ func TestAChunkAfterARestartWaitsForACommitTheLogAlreadyDelivered(t *testing.T) 
 	const stream = "vis2"
 	b, p, start := snapshotBed(t, stream, 4)
 	ctx := ctxT(t, time.Minute)
+	syncRepOn(t, p)
 	a := b.primaryReader(t)
 	first, cp := firstChunk(t, a, stream, start)
 
