@@ -43,7 +43,7 @@ func run() error {
 		"activities run at once: one long-running GetChanges per tablet this worker serves, plus headroom")
 	stopTimeout := flag.Duration("stop-timeout", 30*time.Second,
 		"on SIGTERM, how long in-flight GetChanges get to commit and return")
-	pollers := flag.Int("pollers", 8, "workflow and activity task pollers (each)")
+	pollers := flag.Int("pollers", 8, "activity task pollers, and the most workflow task pollers (autoscaled from 2) for each of the normal and the sticky queue")
 	adaptiveProcs := flag.Bool("adaptive-gomaxprocs", true,
 		"run on one P of the Go scheduler while the worker is lightly loaded, on all of them while it is busy (see the README's production notes)")
 	metricsAddr := flag.String("metrics-addr", "",
@@ -119,7 +119,14 @@ func run() error {
 		WorkerStopTimeout:                  *stopTimeout,
 		// More pollers than the default two: when an exclusion moves many
 		// tablets at once, their workflow and activity tasks queue up.
-		MaxConcurrentWorkflowTaskPollers: *pollers,
+		// Workflow tasks are polled with the SDK's autoscaling behaviour,
+		// which keeps a poll on the task queue's normal queue at all
+		// times: with a fixed number, the SDK polls only the worker's
+		// sticky queue while that has a backlog, and on a server that
+		// cannot keep up a new run (a tablet after continue-as-new) waited
+		// minutes for its first workflow task.
+		WorkflowTaskPollerBehavior: worker.NewPollerBehaviorAutoscaling(worker.PollerBehaviorAutoscalingOptions{
+			InitialNumberOfPollers: *pollers, MinimumNumberOfPollers: 2, MaximumNumberOfPollers: *pollers}),
 		MaxConcurrentActivityTaskPollers: *pollers,
 	})
 	w.RegisterWorkflow(workflows.StreamWorkflow)
