@@ -73,8 +73,11 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	// Continue-as-new is suggested early, so the tests cross it.
-	server, err := testbed.StartDevServer(temporal, dir, "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=300")
+	// Continue-as-new is suggested early, so the tests cross it. The
+	// dev servers' SQLite runs in WAL mode (testbed.SQLiteWAL): with its
+	// default fsync at every write a slow disk set the pace of the tests
+	// (the chaos suite's server restarts keep the defaults).
+	server, err := testbed.StartDevServer(temporal, dir, append([]string{"--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=300"}, testbed.SQLiteWAL...)...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
@@ -454,10 +457,11 @@ func (e *env) requireOrdered(out string) {
 }
 
 // startDevServer starts a dev server of the test's own (for dynamic
-// config the shared one lacks) and returns its frontend address.
+// config the shared one lacks), its SQLite in WAL mode as the shared
+// one's, and returns its frontend address.
 func startDevServer(t *testing.T, extra ...string) string {
 	t.Helper()
-	s, err := testbed.StartDevServer(temporalCLI, t.TempDir(), extra...)
+	s, err := testbed.StartDevServer(temporalCLI, t.TempDir(), append(slices.Clone(testbed.SQLiteWAL), extra...)...)
 	require.NoError(t, err)
 	t.Cleanup(s.Stop)
 	return s.Addr

@@ -157,6 +157,16 @@ type DevServer struct {
 	args     []string
 }
 
+// SQLiteWAL are dev server flags that run its SQLite database in WAL mode
+// with synchronous=NORMAL: a commit waits for no fsync of its own, and a
+// crash of the server process (SIGKILL) still loses nothing; only a crash
+// of the machine can lose the last commits. With the dev server's own
+// settings every persistence write waits for an fsync and the single
+// database serialises them all, so on a slow disk the server, not
+// tabletflow, sets the pace (a test with 72 tablet workflows took 359 s
+// with them and 113 s without, on a day this machine's disk was slow).
+var SQLiteWAL = []string{"--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=NORMAL"}
+
 // StartDevServer runs `temporal server start-dev` on free loopback ports
 // with tabletflow's search attributes registered and its database in dir,
 // and waits until it answers. extra are more flags

@@ -149,7 +149,7 @@ func (s *StringList) Set(v string) error { *s = append(*s, v); return nil }
 // production notes recommend it.
 //
 // The benchmarks run the dev server's SQLite in WAL mode with
-// synchronous=NORMAL (sqliteWAL) unless --sqlite-defaults: a commit then
+// synchronous=NORMAL (testbed.SQLiteWAL) unless --sqlite-defaults: a commit then
 // waits for no fsync of its own, and a crash of the server process loses
 // nothing (only a crash of the machine can lose the last commits). With
 // the dev server's own settings every persistence write waits for an
@@ -166,7 +166,7 @@ func DevServerFlags() func() []string {
 	return func() []string {
 		var out []string
 		if !*defaults {
-			out = append(out, sqliteWAL...)
+			out = append(out, testbed.SQLiteWAL...)
 		}
 		if !*noEager {
 			out = append(out, eagerActivities...)
@@ -177,10 +177,6 @@ func DevServerFlags() func() []string {
 		return out
 	}
 }
-
-// sqliteWAL are the dev server arguments of the benchmarks' SQLite
-// settings (see DevServerFlags).
-var sqliteWAL = []string{"--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=NORMAL"}
 
 // eagerActivities is the dev server argument that turns on eager activity
 // execution (see DevServerFlags).

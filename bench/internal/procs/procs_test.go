@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/testbed"
 )
 
 // group is a Group over /bin with its logs in a temporary directory; its
@@ -97,7 +99,7 @@ func TestTabletCountsParsesAListAndNamesTheFlagOnABadOne(t *testing.T) {
 // execution on, unless told otherwise.
 func TestDevServerFlagsTurnOnWALAndEagerActivities(t *testing.T) {
 	args := DevServerFlags()
-	require.Equal(t, append(append([]string(nil), sqliteWAL...), eagerActivities...), args())
+	require.Equal(t, append(append([]string(nil), testbed.SQLiteWAL...), eagerActivities...), args())
 	require.Contains(t, strings.Join(args(), " "), "system.enableActivityEagerExecution=true")
 	require.NoError(t, flag.Set("no-eager-activities", "true"))
 	require.NoError(t, flag.Set("sqlite-defaults", "true"))
