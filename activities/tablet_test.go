@@ -741,6 +741,31 @@ func TestExclusionsAskedAtOnceShareOneQuery(t *testing.T) {
 	require.Equal(t, 1, stream.queries)
 }
 
+// A stream with many tablets on the worker is read more often than once
+// an interval (a quarter of it from 64 tablets on), one with a few once
+// an interval.
+func TestAStreamWithManyTabletsHereIsReadMoreOften(t *testing.T) {
+	w := &Watcher{Interval: time.Second}
+	for refs, want := range map[int]time.Duration{1: time.Second, ManyTablets: time.Second,
+		2 * ManyTablets: 500 * time.Millisecond, 64: 250 * time.Millisecond, 1000: 250 * time.Millisecond} {
+		require.Equal(t, want, w.intervalFor(refs), "%d tablets", refs)
+	}
+
+	// The watcher's reads follow it: 64 tablets watching see five reads
+	// within 2.4 s (reads a second apart would make three). The first
+	// read may find fewer tablets watching and wait a whole second.
+	stream := &fakeStream{}
+	w = &Watcher{Client: stream, Interval: time.Second}
+	for range 64 {
+		defer w.Watch(testStream)()
+	}
+	require.Eventually(t, func() bool {
+		stream.mu.Lock()
+		defer stream.mu.Unlock()
+		return stream.queries >= 5
+	}, 2400*time.Millisecond, 10*time.Millisecond, "five reads")
+}
+
 // A stream too busy to answer within the watcher's interval is still
 // read: the query waits up to QueryTimeout, not one interval, so pickers
 // waiting for it get the list instead of an error each interval.
