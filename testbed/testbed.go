@@ -164,7 +164,8 @@ type DevServer struct {
 // settings every persistence write waits for an fsync and the single
 // database serialises them all, so on a slow disk the server, not
 // tabletflow, sets the pace (a test with 72 tablet workflows took 359 s
-// with them and 113 s without, on a day this machine's disk was slow).
+// with the defaults and 113 s in WAL mode, on a day this machine's disk
+// was slow).
 var SQLiteWAL = []string{"--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=NORMAL"}
 
 // StartDevServer runs `temporal server start-dev` on free loopback ports

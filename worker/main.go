@@ -53,6 +53,9 @@ func run() error {
 	codecOrigins := flag.String("codec-origins", "http://localhost:8233,http://127.0.0.1:8233",
 		"browser origins (the Web UI's) the codec endpoint allows, comma-separated")
 	flag.Parse()
+	if *pollers < 2 {
+		return fmt.Errorf("pollers: %d: at least 2 (one for each of the workflow task queue's normal and sticky queues)", *pollers)
+	}
 
 	logger, err := connect.NewZap(*logLevel, *logFormat)
 	if err != nil {
