@@ -190,7 +190,10 @@ func StartDevServer(temporalCLI, dir string, extra ...string) (*DevServer, error
 		s.args = append(s.args, "--search-attribute", sa+"=Keyword")
 	}
 	s.args = append(s.args, extra...)
-	return s, s.start()
+	if err := s.start(); err != nil {
+		return nil, err // not a server with no process for a caller to stop
+	}
+	return s, nil
 }
 
 // Restart kills the server with SIGKILL (a crash: nothing flushed on the
