@@ -749,3 +749,33 @@ func TestASnapshotIsCopiedByAStandbyThatHasNotReplayedTheStreamsRecord(t *testin
 	reads := slices.DeleteFunc(slices.Clone(all), func(r source.Record) bool { return r.Op != source.Read })
 	require.Len(t, reads, 5, "the rows are copied: %v", all)
 }
+
+// A batch cut short by a pause in the walsender's flow (here: decoding a
+// large transaction the stream does not publish) is not caught up, so
+// the GetChanges activity reads on at once instead of lingering for a
+// group commit; one that ends where the walsender waits for more WAL is.
+func TestOnlyABatchThatReachedTheEndOfTheWALIsCaughtUp(t *testing.T) {
+	b := newBed(t, pgbed.Options{Shards: 1, Standbys: 1})
+	ctx := ctxT(t, 3*time.Minute)
+	const stream = "caughtup"
+	p := b.c.Shards[0].Primary
+	require.NoError(t, p.Exec(ctx, `CREATE TABLE public.filler (id bigint, pad text)`))
+	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: pgbed.Tables, StartFrom: source.StartEarliest})
+	require.NoError(t, err)
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.orders (id, customer) VALUES (1, 'first')`))
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.filler SELECT g, repeat('x', 100) FROM generate_series(1, 300000) g`))
+	require.NoError(t, p.Exec(ctx, `INSERT INTO public.orders (id, customer) VALUES (2, 'last')`))
+	require.NoError(t, b.c.WaitReplayed(ctx))
+
+	rd := b.reader(t, b.cfg.Shards[0].Replicas[1].Alias)
+	req := source.ChangesRequest{Stream: stream, Tablet: "s1", From: st.Start["s1"], MaxRecords: 1000, MaxWait: 30 * time.Second}
+	first, err := rd.GetChanges(ctx, req)
+	require.NoError(t, err)
+	require.Len(t, first.Records, 1, "the first order alone: the filler takes the walsender longer than the reader's 20 ms linger")
+	require.False(t, first.CaughtUp, "the walsender was still decoding the WAL after the first order")
+	req.From = first.Checkpoint
+	last, err := rd.GetChanges(ctx, req)
+	require.NoError(t, err)
+	require.Len(t, last.Records, 1, "the last order")
+	require.True(t, last.CaughtUp, "after the last order the walsender waits for WAL")
+}

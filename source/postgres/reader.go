@@ -56,7 +56,14 @@ type Reader struct {
 	// with no transaction open (a keepalive, a heartbeat message, an empty
 	// commit); an empty batch advances the checkpoint to it.
 	idle pglogrepl.LSN
-	rels map[uint32]*relation
+	// waiting: the last message received was a keepalive sent with no
+	// transaction open. The walsender sends one when it reaches the end
+	// of the WAL it can decode and waits for more (while records it sent
+	// are unconfirmed, as they are on a live stream), and not while it
+	// decodes a backlog: a batch cut short by a pause in the backlog's
+	// flow is not caught up.
+	waiting bool
+	rels    map[uint32]*relation
 	// snap is the shard's snapshot copy in progress (nil: none, or done);
 	// unacked the chunks handed out and not yet marked acked.
 	snap       *snapshot
@@ -147,7 +154,12 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	if n == 0 && time.Since(r.src.lastHeartbeat(r.sh)) > heartbeatEvery {
 		r.src.heartbeat(ctx, r.sh)
 	}
-	b.CaughtUp = len(r.ready) == 0 && n < req.MaxRecords
+	// Caught up: nothing for the whole MaxWait, or records and then the
+	// walsender waiting for WAL. Nothing for the 20 ms linger alone is not
+	// enough: a walsender decoding a backlog on a busy host pauses that
+	// long, and a tablet reported caught up waits for its group commit's
+	// linger (750 ms by default) before it reads again.
+	b.CaughtUp = len(r.ready) == 0 && n < req.MaxRecords && (n == 0 || r.waiting)
 	if n > 0 && r.snap != nil && r.snap.unsaved {
 		if err := r.saveDelivered(ctx, req.Stream); err != nil {
 			r.Close()
@@ -198,6 +210,7 @@ func (r *Reader) Close() error {
 		r.conn = nil
 	}
 	r.open, r.ready, r.rels, r.snap, r.unacked = nil, nil, nil, nil, nil
+	r.waiting = false
 	return nil
 }
 
@@ -388,6 +401,7 @@ func (r *Reader) receive(ctx, rctx context.Context) (got bool, err error) {
 			if r.open == nil {
 				r.idle = max(r.idle, k.ServerWALEnd)
 			}
+			r.waiting = r.open == nil
 			if k.ReplyRequested {
 				return true, r.sendStatus()
 			}
@@ -396,6 +410,7 @@ func (r *Reader) receive(ctx, rctx context.Context) (got bool, err error) {
 			if err != nil {
 				return false, err
 			}
+			r.waiting = false
 			return true, r.decode(x.WALData)
 		}
 	}
