@@ -49,7 +49,8 @@ type polled struct {
 // one was handed over (lingerFor: on a grid shared by the worker's
 // tablets), so that it brings what arrived meanwhile in one batch — the
 // group commit — instead of a record or two per read, each then costing a
-// commit and its syncs. A read that finds a backlog calls busy (when not
+// commit and its syncs; a reader that reports its connection lost
+// (source.LossWatcher) ends the wait. A read that finds a backlog calls busy (when not
 // nil): the worker has work that will keep it busy.
 func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, linger time.Duration,
 	now func() time.Time, log *zap.Logger, m *metrics.Metrics, busy func()) *poller {
@@ -116,18 +117,30 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 			// While it lingers, the poller acknowledges a commit that is due
 			// (the first of a run at once): the source hears of it without
 			// waiting for the next read.
+			// A connection lost meanwhile (the server down) ends the
+			// linger: the next read fails at once and the tablet moves on.
 			t := time.NewTimer(lingerFor(time.Now(), p.linger))
+			lctx, endWatch := context.WithCancel(ctx)
+			var lost <-chan struct{}
+			if w, ok := p.rd.(source.LossWatcher); ok {
+				lost = w.Lost(lctx)
+			}
 			for lingering := true; lingering; {
 				select {
 				case <-t.C:
+					lingering = false
+				case <-lost:
+					t.Stop()
 					lingering = false
 				case <-p.acks:
 					p.sendAck(ctx, p.reached(drained))
 				case <-ctx.Done():
 					t.Stop()
+					endWatch()
 					return
 				}
 			}
+			endWatch()
 		}
 	}
 }

@@ -2,6 +2,7 @@ package activities
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -204,5 +205,41 @@ func nothingMore(ctx context.Context, req source.ChangesRequest) (source.Batch, 
 		return source.Batch{Checkpoint: req.From, CaughtUp: true}, nil
 	case <-ctx.Done():
 		return source.Batch{}, ctx.Err()
+	}
+}
+
+// lossReader is a reader whose connection can be lost (source.LossWatcher).
+type lossReader struct {
+	source.ReplicaReader
+	lost chan struct{}
+}
+
+func (r lossReader) Lost(context.Context) <-chan struct{} { return r.lost }
+
+// A lingering poller whose connection is lost (the server went down)
+// reads again at once, not at the end of the linger: the read fails and
+// the tablet moves on without waiting out the group commit.
+func TestALingeringPollerReadsAtOnceWhenItsConnectionIsLost(t *testing.T) {
+	src := &fakeSource{log: &callLog{}, poll: func(ctx context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+		if n == 0 {
+			return batch(1, 2), nil // a trickle, caught up: the poller lingers
+		}
+		return source.Batch{}, errors.New("connection refused")
+	}}
+	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
+	require.NoError(t, err)
+	lr := lossReader{ReplicaReader: rd, lost: make(chan struct{})}
+	p := startPoller(context.Background(), lr, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 100, MaxWait: time.Second},
+		time.Hour, time.Now, zap.NewNop(), nil, nil)
+	defer p.stop()
+	first := <-p.out
+	require.NoError(t, first.err)
+	require.Len(t, src.requests(), 1, "lingering: no second read yet")
+	close(lr.lost)
+	select {
+	case next := <-p.out:
+		require.ErrorContains(t, next.err, "connection refused")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the poller went on lingering after its connection was lost")
 	}
 }

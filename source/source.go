@@ -56,6 +56,16 @@ type ReplicaReader interface {
 	Ack(ctx context.Context, stream, tablet string, cp Checkpoint) error
 }
 
+// LossWatcher is implemented by readers that can tell, between reads,
+// that their connection to the replica was lost (its server went down): a
+// tablet waiting before its next read (the group commit's linger) reads
+// at once and learns why, rather than at the end of the wait.
+type LossWatcher interface {
+	// Lost returns a channel closed once the reader's connection is not
+	// ready (at once if it is not ready now); it is watched until ctx ends.
+	Lost(ctx context.Context) <-chan struct{}
+}
+
 // SlotStats is how much history a replica's slot holds for a stream and
 // how much more it may hold before the server invalidates it.
 type SlotStats struct {

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -272,12 +273,31 @@ func (c *Client) OpenReplica(_ context.Context, r source.Replica) (source.Replic
 	if err != nil {
 		return nil, err
 	}
-	return &replicaReader{alias: r.Alias, client: sourcepb.NewTabletServerClient(conn)}, nil
+	return &replicaReader{alias: r.Alias, conn: conn, client: sourcepb.NewTabletServerClient(conn)}, nil
 }
 
 type replicaReader struct {
 	alias  string
+	conn   *grpc.ClientConn
 	client sourcepb.TabletServerClient
+}
+
+var _ source.LossWatcher = (*replicaReader)(nil)
+
+// Lost is closed once the connection to the replica's server leaves the
+// READY state: a server that stops closes it, and the connection goes
+// IDLE at once (a reconnect waits for the next call).
+func (r *replicaReader) Lost(ctx context.Context) <-chan struct{} {
+	lost := make(chan struct{})
+	go func() {
+		for st := r.conn.GetState(); st == connectivity.Ready; st = r.conn.GetState() {
+			if !r.conn.WaitForStateChange(ctx, st) {
+				return // ctx ended
+			}
+		}
+		close(lost)
+	}()
+	return lost
 }
 
 func (r *replicaReader) GetChanges(ctx context.Context, req source.ChangesRequest) (source.Batch, error) {
