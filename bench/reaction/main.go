@@ -30,6 +30,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -40,6 +41,7 @@ import (
 	"strings"
 	"time"
 
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -71,10 +73,31 @@ type bed struct {
 	topo     sourcepb.TopologyClient
 	tdAddr   string
 	conn     *grpc.ClientConn
-	metrics  string // the worker's /metrics URL
+	metrics  string   // the worker's /metrics URL
+	streams  []string // the streams started on it
 }
 
+// close terminates the bed's streams and their tablets' workflows (a
+// stream abandons its children when it closes), so that the next case's
+// trials do not share the dev server with hundreds of workflows left
+// timing out and retrying, then stops its processes.
 func (b *bed) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, id := range b.streams {
+		ids := []string{id}
+		if s, err := b.topo.DescribeStream(ctx, &sourcepb.DescribeStreamRequest{Stream: id}); err == nil {
+			for _, t := range s.Tablets {
+				ids = append(ids, workflows.TabletWorkflowID(id, t.Tablet))
+			}
+		}
+		for _, wid := range ids {
+			err := b.temporal.TerminateWorkflow(ctx, wid, "", "bench case done")
+			if err != nil && !errors.As(err, new(*serviceerror.NotFound)) {
+				fmt.Fprintf(os.Stderr, "reaction: terminate %s: %v\n", wid, err)
+			}
+		}
+	}
 	b.worker.Stop()
 	b.tabletd.Stop()
 	_ = b.conn.Close()
@@ -237,6 +260,9 @@ func (b *bed) start(id string, extra map[string]any) error {
 	}
 	raw, _ := json.Marshal(cfg)
 	_, err := b.temporal.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: id, TaskQueue: b.tq}, "StreamWorkflow", json.RawMessage(raw))
+	if err == nil {
+		b.streams = append(b.streams, id)
+	}
 	return err
 }
 
