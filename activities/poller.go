@@ -49,9 +49,8 @@ type polled struct {
 // one was handed over (lingerFor: on a grid shared by the worker's
 // tablets), so that it brings what arrived meanwhile in one batch — the
 // group commit — instead of a record or two per read, each then costing a
-// commit and its syncs; a reader that reports its connection lost
-// (source.LossWatcher) ends the wait. A read that finds a backlog calls busy (when not
-// nil): the worker has work that will keep it busy.
+// commit and its syncs (lingerOn). A read that finds a backlog calls
+// busy (when not nil): the worker has work that will keep it busy.
 func startPoller(ctx context.Context, rd source.ReplicaReader, req source.ChangesRequest, linger time.Duration,
 	now func() time.Time, log *zap.Logger, m *metrics.Metrics, busy func()) *poller {
 	ctx, cancel := context.WithCancel(ctx)
@@ -113,34 +112,37 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 		case backlog:
 			backlog, drained = false, req.From
 		}
-		if n > 0 && n < req.MaxRecords && b.CaughtUp && p.linger > 0 {
-			// While it lingers, the poller acknowledges a commit that is due
-			// (the first of a run at once): the source hears of it without
-			// waiting for the next read.
-			// A connection lost meanwhile (the server down) ends the
-			// linger: the next read fails at once and the tablet moves on.
-			t := time.NewTimer(lingerFor(time.Now(), p.linger))
-			lctx, endWatch := context.WithCancel(ctx)
-			var lost <-chan struct{}
-			if w, ok := p.rd.(source.LossWatcher); ok {
-				lost = w.Lost(lctx)
-			}
-			for lingering := true; lingering; {
-				select {
-				case <-t.C:
-					lingering = false
-				case <-lost:
-					t.Stop()
-					lingering = false
-				case <-p.acks:
-					p.sendAck(ctx, p.reached(drained))
-				case <-ctx.Done():
-					t.Stop()
-					endWatch()
-					return
-				}
-			}
-			endWatch()
+		if n > 0 && n < req.MaxRecords && b.CaughtUp && p.linger > 0 && !p.lingerOn(ctx, drained) {
+			return
+		}
+	}
+}
+
+// lingerOn waits about the linger before the next read (lingerFor). While
+// it lingers, the poller acknowledges a commit that is due (the first of a
+// run at once): the source hears of it without waiting for the next read.
+// A connection lost meanwhile (the server down; source.LossWatcher) ends
+// the wait: the next read fails at once and the tablet moves on. It
+// returns false when ctx ended.
+func (p *poller) lingerOn(ctx context.Context, drained source.Checkpoint) bool {
+	t := time.NewTimer(lingerFor(time.Now(), p.linger))
+	defer t.Stop()
+	var lost <-chan struct{}
+	if w, ok := p.rd.(source.LossWatcher); ok {
+		wctx, endWatch := context.WithCancel(ctx)
+		defer endWatch()
+		lost = w.Lost(wctx)
+	}
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-lost:
+			return true
+		case <-p.acks:
+			p.sendAck(ctx, p.reached(drained))
+		case <-ctx.Done():
+			return false
 		}
 	}
 }
