@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	segjson "github.com/segmentio/encoding/json"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tabletflow/tabletflow/source"
@@ -150,4 +151,27 @@ func BenchmarkDigestDir(b *testing.B) {
 		require.Equal(b, uint64(200_000), r.Total.Records)
 	}
 	b.ReportMetric(float64(200_000*b.N)/b.Elapsed().Seconds(), "records/s")
+}
+
+// BenchmarkParseLine parses one line as scanFile does (segmentio) against
+// encoding/json, the baseline it replaced, in the same run.
+func BenchmarkParseLine(b *testing.B) {
+	recs := benchRecords()
+	nextBatch(recs, 0)
+	line, err := appendLine(nil, linePrefix(stream, "t-0001"), &recs[0])
+	require.NoError(b, err)
+	for _, c := range []struct {
+		name      string
+		unmarshal func([]byte, any) error
+	}{{"segmentio", segjson.Unmarshal}, {"encoding-json", json.Unmarshal}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(line)))
+			for b.Loop() {
+				var l Line
+				if err := c.unmarshal(line, &l); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -61,9 +61,9 @@ type Duplicate struct {
 // tablet, so the files are digested in parallel, one per core; an error is
 // the one the first bad file (by name) gives, as if they were read in turn.
 // Lines are parsed with segmentio/encoding/json, encoding/json's drop-in:
-// BenchmarkDigestDir ran at 139,197 records/s with encoding/json and
-// 475,123 with it on the 2-core machine, and the benchmarks verify every
-// drain of millions of records with this.
+// BenchmarkParseLine parses a line in about a fifth of encoding/json's
+// time (1,967 against 9,556 ns in one run on the 2-core machine), and the
+// benchmarks verify every drain of millions of records with this.
 func DigestDir(dir string) (Report, error) {
 	names, err := dataNames(dir)
 	if err != nil {
