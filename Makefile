@@ -24,7 +24,7 @@ export TABLETFLOW_PG_BIN := $(PG_DIR)/bin
 
 BINARIES := tabletd worker starter
 
-.PHONY: all build test chaos fuzz bench bench-full soak proto lint demo demo-postgres stop tools clean pg
+.PHONY: all build test chaos fuzz bench bench-postgres bench-full soak proto lint demo demo-postgres stop tools clean pg
 
 all: build
 
@@ -75,18 +75,21 @@ fuzz: ## every fuzz target for FUZZTIME each (default 30s; make fuzz FUZZTIME=5m
 		fi; \
 	done
 
-bench: build $(BIN)/temporal pg ## benchmarks; results into bench/results
+bench: build $(BIN)/temporal ## issue 11's benchmarks (~20 min); results into bench/results, the README's table and plots
 	mkdir -p bench/results
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
-	go run ./bench/throughput --bin $(BIN) --measure-events 90s --out bench/results/throughput.json
+	go run ./bench/throughput --bin $(BIN) --measure-events 60s --idle 20s --out bench/results/throughput.json
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
-	go run ./bench/pgsource --bin $(BIN) --out bench/results/pgsource.json
-	go run ./bench/pgsink --out bench/results/pgsink.json
 	go run ./bench/scale --bin $(BIN) --tablets 1000 --steady 90s --out bench/results/scale.json
 	go run ./bench/report --results bench/results --readme README.md
 
-bench-full: build $(BIN)/temporal ## scale: one stream of 5000 tablets until every tablet streams, then 5 min steady (~30 min); bench/results/scale-5000.json
+bench-postgres: build $(BIN)/temporal pg ## the PostgreSQL source and sink against raw loops (~5 min); bench/results/pgsource.json, pgsink.json
 	mkdir -p bench/results
+	go run ./bench/pgsource --bin $(BIN) --out bench/results/pgsource.json
+	go run ./bench/pgsink --out bench/results/pgsink.json
+	go run ./bench/report --results bench/results --readme README.md
+
+bench-full: bench-postgres ## the long cases: the PostgreSQL comparisons, then one stream of 5000 tablets until every tablet streams and 5 min steady (~35 min); bench/results/scale-5000.json
 	go run ./bench/scale --bin $(BIN) --tablets 5000 --out bench/results/scale-5000.json
 	go run ./bench/report --results bench/results --readme README.md
 

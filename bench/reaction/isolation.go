@@ -22,9 +22,12 @@ import (
 
 // isolationBacklog is the backlog each world of the isolation case holds,
 // which each of its drains reads: long enough that a stream's start and
-// tail weigh little. 1.6M records drained in about ten seconds on this
-// machine's slow days and in two to five on its fast ones (2026-12-02).
-const isolationBacklog = 4_000_000
+// tail weigh little. Two worlds drain side by side at 61,000-72,000
+// healthy records/s each here (2026-12-05), so the shared window (10% to
+// 90%) is about 30 s; 4,000,000 records made it 41-45 s and the four
+// pairs' ratios 1.019-1.079, but the case took about 6 minutes of make
+// bench's 20.
+const isolationBacklog = 2_500_000
 
 // preloadRate is tabletd's highest workload rate: the backlog is written
 // as fast as tabletd can, and the workload stops when it is written.
@@ -62,10 +65,10 @@ func (w *world) close() {
 }
 
 // newWorld starts a world and writes its backlog. Every source-side
-// stream its drains read (streams) exists before the backlog is written:
-// tabletd frees what every stream has acknowledged, so a stream created
-// after an earlier drain would find the backlog gone (and "drain" it at
-// once: how this case once measured nonsense).
+// stream its drains read (streams) exists before the backlog is
+// written: tabletd frees what every stream has acknowledged, so a stream
+// created after an earlier drain would find the backlog gone (and "drain"
+// it at once: how this case once measured nonsense).
 func newWorld(dir, name string, serverArgs, streams []string) (*world, error) {
 	w := &world{name: name}
 	if err := w.start(dir, serverArgs, streams); err != nil {
