@@ -75,7 +75,7 @@ fuzz: ## every fuzz target for FUZZTIME each (default 30s; make fuzz FUZZTIME=5m
 		fi; \
 	done
 
-bench: build $(BIN)/temporal ## issue 11's benchmarks (~20 min); results into bench/results, the README's table and plots
+bench: build $(BIN)/temporal ## issue 11's benchmarks (24.5 min in the last run, goal 20); results into bench/results, the README's table and plots
 	mkdir -p bench/results
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
 	go run ./bench/throughput --bin $(BIN) --measure-events 60s --idle 20s --out bench/results/throughput.json

@@ -65,10 +65,10 @@ func (w *world) close() {
 }
 
 // newWorld starts a world and writes its backlog. Every source-side
-// stream its drains read (streams) exists before the backlog is
-// written: tabletd frees what every stream has acknowledged, so a stream
-// created after an earlier drain would find the backlog gone (and "drain"
-// it at once: how this case once measured nonsense).
+// stream its drains read (streams) exists before the backlog is written:
+// tabletd frees what every stream has acknowledged, so a stream created
+// after an earlier drain would find the backlog gone (and "drain" it at
+// once: how this case once measured nonsense).
 func newWorld(dir, name string, serverArgs, streams []string) (*world, error) {
 	w := &world{name: name}
 	if err := w.start(dir, serverArgs, streams); err != nil {
@@ -155,13 +155,24 @@ func (w *world) fault(on bool) error {
 // cpu is the CPU seconds the world's processes (dev server, tabletd,
 // worker) have used.
 func (w *world) cpu() float64 {
-	var s float64
-	for _, p := range []*testbed.Proc{w.srv.Proc, w.bed.worker, w.bed.tabletd} {
-		if v, err := procstat.ProcessCPU(p.Pid()); err == nil {
-			s += v
-		}
-	}
+	s, _ := cpuSeconds(w.srv.Proc, w.bed.worker, w.bed.tabletd) // what could be read
 	return s
+}
+
+// cpuSeconds is the CPU seconds ps have used together: the sum over those
+// whose /proc could be read, and the errors of the others.
+func cpuSeconds(ps ...*testbed.Proc) (float64, error) {
+	var s float64
+	var errs []error
+	for _, p := range ps {
+		v, err := procstat.ProcessCPU(p.Pid())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s += v
+	}
+	return s, errors.Join(errs...)
 }
 
 // drain is what one world's drain measured: the healthy tablets' rate in

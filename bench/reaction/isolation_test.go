@@ -73,3 +73,24 @@ func TestSharedWindowTooShortOrNeverShutIsAnError(t *testing.T) {
 		t.Fatalf("a window of %v: %v, want an error", window, err)
 	}
 }
+
+// TestSettledIsWithinAQuarterOrATenthOfACoreOfTheBase: an exclusion
+// trial waits for settled before it starts; a load left high by the
+// previous trial's moves must not pass.
+func TestSettledIsWithinAQuarterOrATenthOfACoreOfTheBase(t *testing.T) {
+	for _, c := range []struct {
+		load, base float64
+		want       bool
+	}{
+		{0.24, 0.14, true},  // a tenth of a core above a small base
+		{0.25, 0.14, false}, // more than that
+		{1.25, 1.0, true},   // a quarter above a large base
+		{1.30, 1.0, false},
+		{1.40, 0.30, false}, // the dev server right after ~100 tablets move
+		{0.05, 0.14, true},  // below the base
+	} {
+		if got := settled(c.load, c.base); got != c.want {
+			t.Errorf("settled(%v, %v) = %v, want %v", c.load, c.base, got, c.want)
+		}
+	}
+}

@@ -47,7 +47,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
-	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
@@ -582,21 +581,13 @@ func exclude(c client.Client, dir string, tablets, repeats int) (map[string]any,
 // load is the cores the bed's worker and the dev server used together
 // over d.
 func (b *bed) load(d time.Duration) (float64, error) {
-	cpu := func() (float64, error) {
-		w, err := procstat.ProcessCPU(b.worker.Pid())
-		if err != nil {
-			return 0, err
-		}
-		s, err := procstat.ProcessCPU(server.Pid())
-		return w + s, err
-	}
-	before, err := cpu()
+	before, err := cpuSeconds(b.worker, server.Proc)
 	if err != nil {
 		return 0, err
 	}
 	began := time.Now()
 	time.Sleep(d)
-	after, err := cpu()
+	after, err := cpuSeconds(b.worker, server.Proc)
 	return (after - before) / time.Since(began).Seconds(), err
 }
 
@@ -626,12 +617,16 @@ func (b *bed) settle(base float64) (time.Duration, error) {
 		if err != nil {
 			return 0, err
 		}
-		if l <= max(base*1.25, base+0.1) {
+		if settled(l, base) {
 			break
 		}
 	}
 	return time.Since(began), nil
 }
+
+// settled says whether load l (cores) is back near base: within a
+// quarter of it, or a tenth of a core where base is small.
+func settled(l, base float64) bool { return l <= max(base*1.25, base+0.1) }
 
 // down: a tablet server taken down; time until its tablets stream
 // elsewhere.
