@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -292,9 +293,13 @@ type commits struct {
 	// CommitLagP99S: the upper bound of the histogram bucket holding the
 	// 99th percentile of tabletflow_commit_lag_seconds (per commit: durable
 	// in the sink less the source commit time of its oldest record).
-	CommitLagP99S  float64 `json:"commit_lag_p99_s"`
-	WorkerCPUS     float64 `json:"worker_cpu_s"`
-	WorkerCPUPer1k float64 `json:"worker_cpu_s_per_1k_records"`
+	CommitLagP99S float64 `json:"commit_lag_p99_s"`
+	// CommitLagCounts: the window's commits with records, cumulative by
+	// the upper bound of each bucket of tabletflow_commit_lag_seconds
+	// ("+Inf": all of them): how far the tail is from the goal.
+	CommitLagCounts map[string]uint64 `json:"commit_lag_counts,omitempty"`
+	WorkerCPUS      float64           `json:"worker_cpu_s"`
+	WorkerCPUPer1k  float64           `json:"worker_cpu_s_per_1k_records"`
 }
 
 func commitStats(before, after promscrape.Scrape, workerCPU float64) commits {
@@ -309,6 +314,12 @@ func commitStats(before, after promscrape.Scrape, workerCPU float64) commits {
 		c.RecordsPerCommit = c.Records / n
 	}
 	c.CommitLagP99S, _ = promscrape.Quantile(before, after, "tabletflow_commit_lag_seconds", 0.99)
+	if a, b := after.Histograms["tabletflow_commit_lag_seconds"], before.Histograms["tabletflow_commit_lag_seconds"]; len(a) > 0 {
+		c.CommitLagCounts = map[string]uint64{}
+		for ub, n := range a {
+			c.CommitLagCounts[strconv.FormatFloat(ub, 'g', -1, 64)] = n - b[ub]
+		}
+	}
 	switch { // JSON has no NaN or Inf
 	case math.IsNaN(c.CommitLagP99S): // no commit with records
 		c.CommitLagP99S = -1
