@@ -75,13 +75,14 @@ fuzz: ## every fuzz target for FUZZTIME each (default 30s; make fuzz FUZZTIME=5m
 		fi; \
 	done
 
-bench: build $(BIN)/temporal ## issue 11's benchmarks (24.5 min in the last run, goal 20); results into bench/results, the README's table and plots
+bench: build $(BIN)/temporal ## issue 11's benchmarks, timed into bench/results/run.json (goal 20 min); results into bench/results, the README's table and plots
 	mkdir -p bench/results
+	go run ./bench/report --results bench/results --begin-run "make bench"
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
 	go run ./bench/throughput --bin $(BIN) --measure-events 60s --idle 20s --out bench/results/throughput.json
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
 	go run ./bench/scale --bin $(BIN) --tablets 1000 --steady 90s --out bench/results/scale.json
-	go run ./bench/report --results bench/results --readme README.md
+	go run ./bench/report --results bench/results --readme README.md --end-run
 
 bench-postgres: build $(BIN)/temporal pg ## the PostgreSQL source and sink against raw loops (~5 min); bench/results/pgsource.json, pgsink.json
 	mkdir -p bench/results

@@ -81,6 +81,7 @@ func goals(r *results) []row {
 	rows = append(rows, isolationRatioRow(r), isolationStallRow(r))
 	rows = append(rows, scaleRow(r, "scale", scaleFile, "1,000 tablets, `make bench`"),
 		scaleRow(r, "scale-5000", scaleFullFile, "5,000 tablets, `make bench-full`"))
+	rows = append(rows, runRow(r))
 	rows = append(rows, getChangesRow(r), pgSourceRow(r), pgSinkRow(r), soakRow(r))
 	return rows
 }

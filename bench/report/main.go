@@ -9,17 +9,24 @@
 // With --readme PATH it also puts the table between the lines
 // "<!-- bench-summary:begin -->" and "<!-- bench-summary:end -->" of PATH.
 //
+// make bench brackets its benchmarks with --begin-run (which only records
+// the start in run.json) and --end-run (which records the end, then
+// reports), so the run's duration is a goal in the table like the others.
+//
 // A missing result file or field makes a goal "not measured"; a goal is
 // "met" only when the unrounded figure is within its bound.
 //
-//	go run ./bench/report [--results bench/results] [--readme README.md]
+//	go run ./bench/report [--results bench/results] [--readme README.md] [--end-run]
+//	go run ./bench/report --results bench/results --begin-run "make bench"
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // summaryFile is the Markdown summary's name in the results directory.
@@ -28,8 +35,23 @@ const summaryFile = "summary.md"
 func main() {
 	resultsDir := flag.String("results", "bench/results", "directory holding the benchmarks' *.json results; summary.md and the plots are written there")
 	readme := flag.String("readme", "", "also replace the table between the bench-summary markers of this file (empty: touch no README)")
+	begin := flag.String("begin-run", "", "record in run.json that a run of this command starts now, and write nothing else")
+	end := flag.Bool("end-run", false, "record in run.json that the run begun with --begin-run ends now, then report")
 	flag.Parse()
-	if err := run(*resultsDir, *readme); err != nil {
+	err := func() error {
+		switch {
+		case *begin != "" && *end:
+			return errors.New("--begin-run and --end-run are two steps of a run, not one")
+		case *begin != "":
+			return beginRun(*resultsDir, *begin, time.Now())
+		case *end:
+			if err := endRun(*resultsDir, time.Now()); err != nil {
+				return err
+			}
+		}
+		return run(*resultsDir, *readme)
+	}()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "report:", err)
 		os.Exit(1)
 	}
