@@ -335,3 +335,32 @@ func TestSinkCommitsGoThroughTheGroupSync(t *testing.T) {
 		})
 	}
 }
+
+// TestUnwrittenReadsTheSystemAgain: the system's reading comes from
+// /proc/meminfo, kept open, and follows it: a second reading sees data
+// written since the first (unless the system wrote it back meanwhile, so
+// the test retries).
+func TestUnwrittenReadsTheSystemAgain(t *testing.T) {
+	if _, err := os.Stat("/proc/meminfo"); err != nil {
+		t.Skip("no /proc/meminfo")
+	}
+	if _, ok := unwritten(); !ok {
+		t.Fatal("unwritten: cannot tell")
+	}
+	dir := t.TempDir()
+	const size = 64 << 20
+	for try := 0; try < 5; try++ {
+		before, _ := unwritten()
+		if err := os.WriteFile(filepath.Join(dir, "dirty"), make([]byte, size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		after, ok := unwritten()
+		if !ok {
+			t.Fatal("unwritten: cannot tell after a write")
+		}
+		if after-before >= size/2 {
+			return
+		}
+	}
+	t.Fatal("five readings after writing 64 MiB each saw no more unwritten bytes than before")
+}

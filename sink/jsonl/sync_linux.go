@@ -2,9 +2,12 @@ package jsonl
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,14 +72,36 @@ func deviceOf(dir string) (uint64, bool) {
 	return st.Dev, true
 }
 
+// meminfo is /proc/meminfo, opened at its first reading and read again
+// from offset 0 each time: one pread(2) instead of the open, fstat,
+// reads and close of os.ReadFile (6 against 18 µs a reading here, and a
+// live worker reads it a few times a second; see unwrittenFor).
+var meminfo struct {
+	mu  sync.Mutex
+	f   *os.File
+	buf []byte
+}
+
 // unwritten returns how many bytes the system holds unwritten
 // (/proc/meminfo's Dirty and Writeback), or false if it cannot tell.
 func unwritten() (int64, bool) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
+	meminfo.mu.Lock()
+	defer meminfo.mu.Unlock()
+	if meminfo.f == nil {
+		f, err := os.Open("/proc/meminfo")
+		if err != nil {
+			return 0, false
+		}
+		meminfo.f, meminfo.buf = f, make([]byte, 16<<10)
+	}
+	n, err := meminfo.f.ReadAt(meminfo.buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
 		return 0, false
 	}
-	return unwrittenIn(b)
+	if n == len(meminfo.buf) { // cut short: Dirty or Writeback may be past the end
+		return 0, false
+	}
+	return unwrittenIn(meminfo.buf[:n])
 }
 
 // unwrittenIn is unwritten over /proc/meminfo's bytes.
