@@ -27,6 +27,13 @@ type poller struct {
 	linger time.Duration
 	busy   func() // told when a read finds a backlog; nil: nobody
 
+	// lost is the watch of the reader's connection (source.LossWatcher)
+	// that lingerOn selects on: one for the poller's life, renewed only
+	// after it fired (a watch per linger was a goroutine, a context and a
+	// gRPC state subscription each time, a twentieth of a live worker's
+	// CPU). The loop's goroutine alone uses it.
+	lost <-chan struct{}
+
 	acks    chan struct{} // a checkpoint to acknowledge came in (wakes a lingering poller)
 	mu      sync.Mutex
 	pending source.Checkpoint // to acknowledge at the next chance
@@ -127,17 +134,17 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 func (p *poller) lingerOn(ctx context.Context, drained source.Checkpoint) bool {
 	t := time.NewTimer(lingerFor(time.Now(), p.linger))
 	defer t.Stop()
-	var lost <-chan struct{}
-	if w, ok := p.rd.(source.LossWatcher); ok {
-		wctx, endWatch := context.WithCancel(ctx)
-		defer endWatch()
-		lost = w.Lost(wctx)
+	if p.lost == nil {
+		if w, ok := p.rd.(source.LossWatcher); ok {
+			p.lost = w.Lost(ctx) // watched until the poller stops
+		}
 	}
 	for {
 		select {
 		case <-t.C:
 			return true
-		case <-lost:
+		case <-p.lost:
+			p.lost = nil // fired: the next linger watches afresh
 			return true
 		case <-p.acks:
 			p.sendAck(ctx, p.reached(drained))

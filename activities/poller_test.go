@@ -243,3 +243,39 @@ func TestALingeringPollerReadsAtOnceWhenItsConnectionIsLost(t *testing.T) {
 		t.Fatal("the poller went on lingering after its connection was lost")
 	}
 }
+
+// countingLossReader counts its watches (source.LossWatcher), none of
+// which fires.
+type countingLossReader struct {
+	source.ReplicaReader
+	watches atomic.Int32
+}
+
+func (r *countingLossReader) Lost(ctx context.Context) <-chan struct{} {
+	r.watches.Add(1)
+	return make(chan struct{})
+}
+
+// A poller watches its connection once for all its lingers, not once a
+// linger: each watch is a goroutine, a context and a gRPC state
+// subscription, and a live tablet lingers every batch.
+func TestAPollerWatchesItsConnectionOnceForAllItsLingers(t *testing.T) {
+	src := &fakeSource{log: &callLog{}, poll: func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+		return batch(uint64(2*n+1), uint64(2*n+2)), nil // a trickle, caught up, every read: the poller lingers each time
+	}}
+	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
+	require.NoError(t, err)
+	lr := &countingLossReader{ReplicaReader: rd}
+	p := startPoller(context.Background(), lr, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 100, MaxWait: time.Second},
+		time.Millisecond, time.Now, zap.NewNop(), nil, nil)
+	defer p.stop()
+	for i := 0; i < 5; i++ {
+		select {
+		case got := <-p.out:
+			require.NoError(t, got.err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("read %d did not come", i+1)
+		}
+	}
+	require.Equal(t, int32(1), lr.watches.Load(), "watches of the connection over five lingers")
+}
