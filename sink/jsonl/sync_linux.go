@@ -73,9 +73,10 @@ func deviceOf(dir string) (uint64, bool) {
 }
 
 // meminfo is /proc/meminfo, opened at its first reading and read again
-// from offset 0 each time: one pread(2) instead of the open, fstat,
-// reads and close of os.ReadFile (6 against 18 µs a reading here, and a
-// live worker reads it a few times a second; see unwrittenFor).
+// from offset 0 each time: a pread(2) of the whole (and one more that
+// finds its end) instead of the open, fstat, reads and close of
+// os.ReadFile (6 against 18 µs a reading here, and a live worker reads it
+// a few times a second; see unwrittenFor).
 var meminfo struct {
 	mu  sync.Mutex
 	f   *os.File
