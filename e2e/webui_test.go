@@ -17,14 +17,14 @@ import (
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
-// chromium finds Debian's Chromium (.ci/run installs it).
+// chromium finds Debian's Chromium (make test installs it: make debs).
 func chromium(t *testing.T) string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
 		}
 	}
-	t.Fatal("no Chromium: install Debian's chromium package (.ci/run does)")
+	t.Fatal("no Chromium: install Debian's chromium package (make debs does)")
 	return ""
 }
 
