@@ -24,19 +24,16 @@ const goalRunMinutes = 20.0
 // must come from the run run.json records.
 var runFiles = []string{getChangesFile, throughputFile, reactionFile, scaleFile}
 
-// runRecord is run.json's content.
+// runRecord is run.json's content; the duration is Finished less Date.
 type runRecord struct {
-	Date     string  `json:"date"` // when the run started, as every result file dates itself
-	Command  string  `json:"command"`
-	Started  string  `json:"started"`
-	Finished string  `json:"finished,omitempty"`
-	Seconds  float64 `json:"seconds,omitempty"`
+	Date     string `json:"date"` // when the run started, as every result file dates itself
+	Command  string `json:"command"`
+	Finished string `json:"finished,omitempty"`
 }
 
 // beginRun starts a run's record, replacing the previous run's.
 func beginRun(dir, command string, now time.Time) error {
-	at := now.UTC().Format(time.RFC3339)
-	return writeRun(dir, runRecord{Date: at, Command: command, Started: at})
+	return writeRun(dir, runRecord{Date: now.UTC().Format(time.RFC3339), Command: command})
 }
 
 // endRun closes the record beginRun started. A record already closed, or
@@ -50,15 +47,13 @@ func endRun(dir string, now time.Time) error {
 	if err := json.Unmarshal(raw, &rec); err != nil {
 		return fmt.Errorf("end of run: %s: %w", runFile, err)
 	}
-	started, err := time.Parse(time.RFC3339, rec.Started)
-	if err != nil {
-		return fmt.Errorf("end of run: %s: started: %w", runFile, err)
+	if _, err := time.Parse(time.RFC3339, rec.Date); err != nil {
+		return fmt.Errorf("end of run: %s: date: %w", runFile, err)
 	}
 	if rec.Finished != "" {
 		return errors.New("end of run: " + runFile + " is already closed (finished " + rec.Finished + ")")
 	}
 	rec.Finished = now.UTC().Format(time.RFC3339)
-	rec.Seconds = now.Sub(started).Round(time.Second).Seconds()
 	return writeRun(dir, rec)
 }
 
@@ -81,18 +76,18 @@ func runRow(r *results) row {
 	if f.Data == nil {
 		return goal.none(fileProblem(f), sourceName(f))
 	}
-	startedText, _ := f.Data.str("started")
-	started, err := time.Parse(time.RFC3339, startedText)
-	if err != nil {
+	started, ok := f.date()
+	if !ok {
 		return goal.none("no start time", f.Name)
 	}
-	seconds, ok := f.Data.num("seconds")
-	finished, okFinished := f.Data.str("finished")
-	if !ok || !okFinished {
+	startedText := started.UTC().Format(time.RFC3339)
+	finishedText, _ := f.Data.str("finished")
+	finished, err := time.Parse(time.RFC3339, finishedText)
+	if err != nil {
 		return goal.none("the run started "+startedText+" did not finish", f.Name)
 	}
-	minutes := seconds / 60
-	details := []string{startedText + " to " + finished}
+	minutes := finished.Sub(started).Minutes()
+	details := []string{startedText + " to " + finishedText}
 	for _, name := range runFiles {
 		date, ok := r.file(name).date()
 		switch {
