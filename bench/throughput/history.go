@@ -37,7 +37,7 @@ func (b *bench) historyCost(ctx context.Context, window time.Duration, rate floa
 	// The live window, like each side of a pair, starts with the page
 	// cache of what was written before dropped (flushDirty): its writes
 	// then cost what the bulk ones did.
-	flushDirty(b.procs.Dir)
+	b.flushDirty()
 	m0, err := promscrape.Get(b.metrics)
 	if err != nil {
 		return err

@@ -193,42 +193,48 @@ type pair struct {
 }
 
 // flushDirty writes back everything the machine holds unwritten (sync(2))
-// before a side of a pair reads (and before the live window). The JSONL sink syncs with one syncfs a
-// round only while the system holds little other unwritten data, and file
-// by file otherwise (sink/jsonl/groupsync.go): what `go run` had just
-// built, or an earlier case's leftovers, would put one side of a pair on
-// per-file syncs (an fdatasync per file per commit) and not the other. On
-// 2026-12-03 a first pair's tabletflow run made 501 fdatasyncs a second
-// and no syncfs, its worker 11.0 CPU-seconds against 6.0 in the next
-// pair's run, and the pair measured 0.73 against 0.96 and 1.04. What a
-// side writes itself (the dev server's database too) still counts.
+// before a side of a pair reads, and before the live window. The JSONL
+// sink syncs with one syncfs a round only while the system holds little
+// other unwritten data, and file by file otherwise
+// (sink/jsonl/groupsync.go): what `go run` had just built, or an earlier
+// case's leftovers, would put one side of a pair on per-file syncs (an
+// fdatasync per file per commit) and not the other. On 2026-12-03 a first
+// pair's tabletflow run made 501 fdatasyncs a second and no syncfs, its
+// worker 11.0 CPU-seconds against 6.0 in the next pair's run, and the
+// pair measured 0.73 against 0.96 and 1.04. What a side writes itself
+// (the dev server's database too) still counts.
 //
-// It then drops the page cache of every file under dir (the pairs' sinks
-// among them; they are on disk now): on this VM, page cache past a warm
+// It then drops the page cache of the pairs' sinks (on disk now; the dev
+// server's database keeps its cache): on this VM, page cache past a warm
 // pool of about 2.4-3.6 GB costs the writing process several times the
 // system time (2026-12-06: dd of 1.2 GB took 0.3 s of system time inside
 // the pool and 2.2-3.0 s past it, and the pool grows back only from pages
 // freed moments before). A pair's second side wrote its 1.2 GB (64
 // tablets) on top of the first side's: 45-60 ticks a second of system
-// time in its writer against 15-20 in the first side's. In four cases
-// of 2026-12-05 and 06 the tabletflow side measured 0.80-0.95 of the raw
+// time in its writer against 15-20 in the first side's. In four cases of
+// 2026-12-05 and 06 the tabletflow side measured 0.80-0.95 of the raw
 // loop in the pairs where it read second and 1.09-1.14 where it read
 // first. Dropped, the first side's pages are free and warm for the
 // second.
-func flushDirty(dir string) {
+func (b *bench) flushDirty() {
 	unix.Sync()
-	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return nil // a file going away meanwhile is no matter
+	for _, prefix := range []string{rawStreamPrefix, flowStreamPrefix} {
+		sinks, _ := filepath.Glob(filepath.Join(b.procs.Dir, prefix+"*"))
+		for _, sink := range sinks {
+			_ = filepath.WalkDir(sink, func(path string, d fs.DirEntry, err error) error {
+				if err != nil || !d.Type().IsRegular() {
+					return nil // a file going away meanwhile is no matter
+				}
+				f, err := os.Open(path)
+				if err != nil {
+					return nil
+				}
+				defer f.Close()
+				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+				return nil
+			})
 		}
-		f, err := os.Open(path)
-		if err != nil {
-			return nil
-		}
-		defer f.Close()
-		_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-		return nil
-	})
+	}
 }
 
 // medianPair returns the pair of the median ratio (the lower middle one
@@ -241,8 +247,12 @@ func medianPair(pairs []pair) pair {
 
 // rawStreamOf and flowStreamOf name pair i's source-side streams (the
 // tabletflow one is its StreamWorkflow's ID too).
-func rawStreamOf(i int) string  { return fmt.Sprintf("raw-%d", i+1) }
-func flowStreamOf(i int) string { return fmt.Sprintf("flow-%d", i+1) }
+func rawStreamOf(i int) string  { return fmt.Sprintf("%s%d", rawStreamPrefix, i+1) }
+func flowStreamOf(i int) string { return fmt.Sprintf("%s%d", flowStreamPrefix, i+1) }
+
+// The pairs' streams' names begin so; each side's sink is the directory
+// of its stream's name (flushDirty finds them by it).
+const rawStreamPrefix, flowStreamPrefix = "raw-", "flow-"
 
 func main() {
 	if err := run(); err != nil {
@@ -473,7 +483,7 @@ func runCase(ctx context.Context, c caseConfig, tablets int, live bool) (res res
 // checks and removes it).
 func (b *bench) rawPair(ctx context.Context, i int, total uint64, p *pair) error {
 	stream := rawStreamOf(i)
-	flushDirty(b.procs.Dir)
+	b.flushDirty()
 	syncfs0, datasync0 := jsonl.Syncs()
 	cpu0 := b.cpu()
 	n, took, err := b.raw(ctx, stream, filepath.Join(b.procs.Dir, stream))
@@ -501,7 +511,7 @@ func (b *bench) rawPair(ctx context.Context, i int, total uint64, p *pair) error
 func (b *bench) flowPair(ctx context.Context, c caseConfig, tablets, i int, total uint64, p *pair) error {
 	stream := flowStreamOf(i)
 	dir := filepath.Join(b.procs.Dir, stream)
-	flushDirty(b.procs.Dir)
+	b.flushDirty()
 	m0, err := promscrape.Get(b.metrics)
 	if err != nil {
 		return err
