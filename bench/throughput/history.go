@@ -318,10 +318,10 @@ func commitStats(before, after promscrape.Scrape, workerCPU float64) commits {
 		c.RecordsPerCommit = c.Records / n
 	}
 	c.CommitLagP99S, _ = promscrape.Quantile(before, after, "tabletflow_commit_lag_seconds", 0.99)
-	if a, b := after.Histograms["tabletflow_commit_lag_seconds"], before.Histograms["tabletflow_commit_lag_seconds"]; len(a) > 0 {
-		c.CommitLagCounts = map[string]uint64{}
-		for ub, n := range a {
-			c.CommitLagCounts[strconv.FormatFloat(ub, 'g', -1, 64)] = n - b[ub]
+	if window := promscrape.Buckets(before, after, "tabletflow_commit_lag_seconds"); window != nil {
+		c.CommitLagCounts = map[string]uint64{} // JSON keys: the bounds as text
+		for ub, n := range window {
+			c.CommitLagCounts[strconv.FormatFloat(ub, 'g', -1, 64)] = n
 		}
 	}
 	switch { // JSON has no NaN or Inf

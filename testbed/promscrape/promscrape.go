@@ -98,24 +98,39 @@ func Delta(before, after Scrape, name string) float64 {
 	return after.Sums[name] - before.Sums[name]
 }
 
+// Buckets returns the observations histogram name got between before and
+// after, cumulative by bucket upper bound (+Inf: all of them); nil when
+// after has no such histogram.
+func Buckets(before, after Scrape, name string) map[float64]uint64 {
+	a, b := after.Histograms[name], before.Histograms[name]
+	if len(a) == 0 {
+		return nil
+	}
+	out := make(map[float64]uint64, len(a))
+	for ub, n := range a {
+		out[ub] = n - b[ub]
+	}
+	return out
+}
+
 // Quantile returns the upper bound of the bucket that holds the q-quantile
 // of the observations histogram name got between before and after (an
 // upper bound of the quantile: never flattering), and their count. With
 // no observations it returns NaN.
 func Quantile(before, after Scrape, name string, q float64) (float64, uint64) {
-	a, b := after.Histograms[name], before.Histograms[name]
-	bounds := make([]float64, 0, len(a))
-	for ub := range a {
+	window := Buckets(before, after, name)
+	bounds := make([]float64, 0, len(window))
+	for ub := range window {
 		bounds = append(bounds, ub)
 	}
 	sort.Float64s(bounds)
-	total := a[math.Inf(1)] - b[math.Inf(1)]
+	total := window[math.Inf(1)]
 	if total == 0 {
 		return math.NaN(), 0
 	}
 	rank := uint64(math.Ceil(q * float64(total)))
 	for _, ub := range bounds {
-		if a[ub]-b[ub] >= rank {
+		if window[ub] >= rank {
 			return ub, total
 		}
 	}

@@ -43,6 +43,9 @@ func TestQuantileOfAWindowMergesLabelsAndRoundsUpToTheBucket(t *testing.T) {
 	p99, _ := Quantile(before, after, "lag_seconds", 0.99)
 	require.Equal(t, 1.0, p99, "0.7 is in the bucket up to 1")
 	require.Equal(t, 100.0, Delta(before, after, "acks_total"))
+	require.Equal(t, map[float64]uint64{0.1: 98, 0.5: 98, 1: 100, 2: 100, math.Inf(1): 100},
+		Buckets(before, after, "lag_seconds"), "the window's observations by bucket, the 50 before it left out")
+	require.Nil(t, Buckets(before, after, "no_such_seconds"))
 	none, n := Quantile(after, after, "lag_seconds", 0.99)
 	require.True(t, math.IsNaN(none))
 	require.Zero(t, n)
