@@ -244,16 +244,34 @@ func TestALingeringPollerReadsAtOnceWhenItsConnectionIsLost(t *testing.T) {
 	}
 }
 
-// countingLossReader counts its watches (source.LossWatcher), none of
-// which fires.
+// countingLossReader counts its watches (source.LossWatcher); the first
+// firesFirst of them have fired already (the connection was lost), the
+// others never fire.
 type countingLossReader struct {
 	source.ReplicaReader
-	watches atomic.Int32
+	firesFirst int32
+	watches    atomic.Int32
 }
 
 func (r *countingLossReader) Lost(ctx context.Context) <-chan struct{} {
-	r.watches.Add(1)
-	return make(chan struct{})
+	lost := make(chan struct{})
+	if r.watches.Add(1) <= r.firesFirst {
+		close(lost)
+	}
+	return lost
+}
+
+// readsOf takes n reads from p, each without an error.
+func readsOf(t *testing.T, p *poller, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		select {
+		case got := <-p.out:
+			require.NoError(t, got.err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("read %d did not come", i+1)
+		}
+	}
 }
 
 // A poller watches its connection once for all its lingers, not once a
@@ -269,13 +287,23 @@ func TestAPollerWatchesItsConnectionOnceForAllItsLingers(t *testing.T) {
 	p := startPoller(context.Background(), lr, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 100, MaxWait: time.Second},
 		time.Millisecond, time.Now, zap.NewNop(), nil, nil)
 	defer p.stop()
-	for i := 0; i < 5; i++ {
-		select {
-		case got := <-p.out:
-			require.NoError(t, got.err)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("read %d did not come", i+1)
-		}
-	}
+	readsOf(t, p, 5)
 	require.Equal(t, int32(1), lr.watches.Load(), "watches of the connection over five lingers")
+}
+
+// A watch that fired is not selected on again (a closed channel would end
+// every later linger at once): the next linger watches afresh, and
+// lingers on that watch.
+func TestAPollerWatchesAfreshAfterItsConnectionWasLost(t *testing.T) {
+	src := &fakeSource{log: &callLog{}, poll: func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error) {
+		return batch(uint64(2*n+1), uint64(2*n+2)), nil // a trickle, caught up, every read
+	}}
+	rd, err := src.OpenReplica(context.Background(), source.Replica{Tablet: testTablet, Alias: testAlias})
+	require.NoError(t, err)
+	lr := &countingLossReader{ReplicaReader: rd, firesFirst: 1}
+	p := startPoller(context.Background(), lr, source.ChangesRequest{Stream: "s", Tablet: testTablet, MaxRecords: 100, MaxWait: time.Second},
+		time.Millisecond, time.Now, zap.NewNop(), nil, nil)
+	defer p.stop()
+	readsOf(t, p, 5)
+	require.Equal(t, int32(2), lr.watches.Load(), "watches: the one that fired, then one for the lingers after it")
 }
