@@ -32,6 +32,16 @@ import (
 // batches (a wait at every run cost a 16-tablet drain about a tenth of
 // its speed; see the README's JSONL sink).
 //
+// A round whose writers sync again right away (a commit's data, then its
+// manifest slot: syncThen) is followed, early in a burst, by one that
+// waits for those writers rather than the whole gatherFor: it syncs as
+// soon as they have all asked (gatherFor at the latest), in the same run.
+// Before, their slots started a run of their own, which waited the whole
+// window, and a linger's commits woke an idle worker three times (the
+// reads, then the end of each window) instead of twice; a wake from idle
+// costs a virtual machine's worker far more CPU than the few system calls
+// it makes.
+//
 // syncfs flushes what other processes wrote on the filesystem too. A
 // round uses it only when the system holds little other unwritten data
 // (maxOtherDirty, from /proc/meminfo), so that a commit never waits for
@@ -58,11 +68,11 @@ type syncGroup struct {
 	dirtyOK bool
 	dirtyAt time.Time
 
-	// gather is how long the first round of a run early in a burst waits
-	// before it syncs (gatherFor), sleep how it waits and now the clock
-	// (time.Sleep and time.Now when nil; tests hold them).
+	// gather is how long a round early in a burst waits at most before it
+	// syncs (gatherFor), await how it waits (until arrived is closed or d
+	// has passed; tests replace it) and now the clock (time.Now when nil).
 	gather time.Duration
-	sleep  func(time.Duration)
+	await  func(d time.Duration, arrived <-chan struct{})
 	now    func() time.Time
 
 	mu       sync.Mutex
@@ -71,13 +81,19 @@ type syncGroup struct {
 	failures uint64     // rounds whose syncfs failed
 	burst    time.Time  // when the current burst began
 	lastEnd  time.Time  // when the last run ended
+	// want and arrived: while a round waits for writers, it is closed
+	// (and nil) once want writers have joined the next round.
+	want    int
+	arrived chan struct{}
 }
 
 // syncRound is one round: the writers that asked before it began.
 type syncRound struct {
-	done    chan struct{}
-	written int64 // bytes its writers wrote since they last synced
-	perFile bool  // it did not use syncfs, or syncfs failed: each writer syncs its own file
+	done      chan struct{}
+	written   int64 // bytes its writers wrote since they last synced
+	joined    int   // writers that joined it
+	followers int   // of them, those that sync again right after (syncThen)
+	perFile   bool  // it did not use syncfs, or syncfs failed: each writer syncs its own file
 }
 
 // maxOtherDirty is how many unwritten bytes beyond the round's own the
@@ -153,11 +169,17 @@ func newSyncer(g *syncGroup) syncer {
 
 // sync makes what this writer wrote to f (written bytes since its last
 // sync) durable.
-func (s *syncer) sync(f *os.File, written int64) error {
+func (s *syncer) sync(f *os.File, written int64) error { return s.syncing(f, written, false) }
+
+// syncThen is sync for a writer that syncs again right after (a commit's
+// data, before its manifest slot): the group's next round waits for it.
+func (s *syncer) syncThen(f *os.File, written int64) error { return s.syncing(f, written, true) }
+
+func (s *syncer) syncing(f *os.File, written int64, then bool) error {
 	if s.g == nil {
 		return countedDatasync(f)
 	}
-	r, failures := s.g.wait(written)
+	r, failures := s.g.wait(written, then)
 	if !r.perFile && failures == s.seen {
 		return nil
 	}
@@ -169,8 +191,9 @@ func (s *syncer) sync(f *os.File, written int64) error {
 }
 
 // wait joins the next round, starting it if none is under way, and
-// returns it once it is done, with the group's failures then.
-func (g *syncGroup) wait(written int64) (*syncRound, uint64) {
+// returns it once it is done, with the group's failures then. then: the
+// writer syncs again right after this round.
+func (g *syncGroup) wait(written int64, then bool) (*syncRound, uint64) {
 	g.mu.Lock()
 	r := g.next
 	if r == nil {
@@ -178,6 +201,14 @@ func (g *syncGroup) wait(written int64) (*syncRound, uint64) {
 		g.next = r
 	}
 	r.written += written
+	r.joined++
+	if then {
+		r.followers++
+	}
+	if g.arrived != nil && r.joined >= g.want {
+		close(g.arrived)
+		g.arrived = nil
+	}
 	if !g.running {
 		g.running = true
 		go g.run()
@@ -189,17 +220,16 @@ func (g *syncGroup) wait(written int64) (*syncRound, uint64) {
 	return r, g.failures
 }
 
-// run runs rounds until no writer waits; the first waits g.gather early
-// in a burst.
+// run runs rounds until no writer waits. Early in a burst its first
+// round waits the whole of g.gather, and a round after one with followers
+// for them.
 func (g *syncGroup) run() {
-	if g.gatherNow() {
-		if g.sleep != nil {
-			g.sleep(g.gather)
-		} else {
-			time.Sleep(g.gather)
-		}
-	}
+	early := g.gatherNow()
+	want := 0 // writers to wait for; 0: the whole window
 	for {
+		if early {
+			g.gatherUntil(want)
+		}
 		g.mu.Lock()
 		r := g.next
 		if r == nil {
@@ -223,6 +253,15 @@ func (g *syncGroup) run() {
 		if failed {
 			g.failures++
 		}
+		// Its followers come back for the next round: early in a burst,
+		// that round waits for them and for the writers already waiting.
+		early = early && r.followers > 0
+		if early {
+			want = r.followers
+			if g.next != nil {
+				want += g.next.joined
+			}
+		}
 		g.mu.Unlock()
 		close(r.done)
 	}
@@ -239,6 +278,37 @@ func (g *syncGroup) gatherNow() bool {
 		g.burst = now
 	}
 	return g.gather > 0 && now.Sub(g.burst) < burstSpan
+}
+
+// gatherUntil waits until want writers (those already waiting included)
+// have joined the next round, g.gather at most; want 0: the whole of it.
+func (g *syncGroup) gatherUntil(want int) {
+	var arrived chan struct{}
+	if want > 0 {
+		g.mu.Lock()
+		if g.next != nil && g.next.joined >= want {
+			g.mu.Unlock()
+			return
+		}
+		arrived = make(chan struct{})
+		g.want, g.arrived = want, arrived
+		g.mu.Unlock()
+		defer func() {
+			g.mu.Lock()
+			g.want, g.arrived = 0, nil
+			g.mu.Unlock()
+		}()
+	}
+	if g.await != nil {
+		g.await(g.gather, arrived)
+		return
+	}
+	t := time.NewTimer(g.gather)
+	defer t.Stop()
+	select {
+	case <-arrived: // nil when want is 0: never
+	case <-t.C:
+	}
 }
 
 func (g *syncGroup) clock() time.Time {

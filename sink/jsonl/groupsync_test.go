@@ -139,7 +139,7 @@ func TestTheFirstRoundOfABurstWaitsForTheWritersThatFollow(t *testing.T) {
 	g := newFakeGroup(t)
 	g.gather = time.Hour
 	gathering, release := make(chan time.Duration, 2), make(chan struct{})
-	g.sleep = func(d time.Duration) {
+	g.await = func(d time.Duration, _ <-chan struct{}) {
 		gathering <- d
 		<-release
 	}
@@ -176,6 +176,82 @@ func TestTheFirstRoundOfABurstWaitsForTheWritersThatFollow(t *testing.T) {
 	require.Len(t, gathering, 0, "the second round of the run did not wait")
 }
 
+// awaits records a group's waits for writers: the first one that expects
+// nobody (the whole window) waits for release; any later such wait is only
+// counted; a wait that expects writers returns when they have all joined
+// (byArrival) or after 5 s.
+type awaits struct {
+	mu        sync.Mutex
+	whole     int // waits that expected nobody
+	byArrival int // waits ended by the writers expected
+	expecting int // waits that expected writers
+	started   chan struct{}
+}
+
+func (a *awaits) hook(release <-chan struct{}) func(time.Duration, <-chan struct{}) {
+	a.started = make(chan struct{}, 16)
+	return func(_ time.Duration, arrived <-chan struct{}) {
+		a.mu.Lock()
+		first := arrived == nil && a.whole == 0
+		if arrived == nil {
+			a.whole++
+		} else {
+			a.expecting++
+		}
+		a.mu.Unlock()
+		a.started <- struct{}{}
+		switch {
+		case first:
+			<-release
+		case arrived != nil:
+			select {
+			case <-arrived:
+				a.mu.Lock()
+				a.byArrival++
+				a.mu.Unlock()
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}
+}
+
+func (a *awaits) counts() (whole, expecting, byArrival int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.whole, a.expecting, a.byArrival
+}
+
+// A commit syncs its data, then its manifest slot. The round after the
+// data's waits for the same writers' slots and syncs once they have all
+// asked, in the same run: not a new run waiting its whole window (which
+// woke a live worker once more per linger). 3 writers, 2 syncfs calls.
+func TestTheRoundAfterACommitsDataWaitsForItsSlots(t *testing.T) {
+	g := newFakeGroup(t)
+	g.gather = time.Hour
+	release := make(chan struct{})
+	var a awaits
+	g.await = a.hook(release)
+	ss := syncers(g.syncGroup, 3)
+	errs := make(chan error, 2*len(ss))
+	for _, s := range ss {
+		f := tempFile(t)
+		go func() {
+			errs <- s.syncThen(f, 1)
+			errs <- s.sync(f, 1)
+		}()
+	}
+	<-a.started
+	require.Eventually(t, func() bool { return g.waiting() == 3 }, 5*time.Second, time.Millisecond)
+	close(release)
+	for range 2 * len(ss) {
+		require.NoError(t, <-errs)
+	}
+	require.Equal(t, 2, g.syncfsCalls(), "one round for the data, one for the slots")
+	whole, expecting, byArrival := a.counts()
+	require.Equal(t, 1, whole, "only the burst's first round waited its whole window")
+	require.Equal(t, expecting, byArrival, "a round waiting for the slots synced once they had all asked")
+}
+
 // Runs that start within burstSpan of a burst's start wait; a run later
 // in a burst that goes on (a bulk drain: runs less than idleGap apart)
 // does not; after idleGap without a run a new burst starts, and waits.
@@ -187,7 +263,7 @@ func TestOnlyRunsEarlyInABurstWait(t *testing.T) {
 	g.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	set := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = time.Unix(1000, 0).Add(d) }
 	waits := 0
-	g.sleep = func(time.Duration) { waits++ }
+	g.await = func(time.Duration, <-chan struct{}) { waits++ }
 	s := syncers(g.syncGroup, 1)[0]
 	for _, step := range []struct {
 		at   time.Duration

@@ -412,7 +412,7 @@ func (w *Writer) Commit(ctx context.Context, cp source.Checkpoint) error {
 		if _, err := w.f.WriteAt(w.staged, w.offset); err != nil {
 			return w.fail(w.undo(fmt.Errorf("commit tablet %s: write data: %w", w.tablet, err)))
 		}
-		if err := w.syncer.sync(w.f, n); err != nil {
+		if err := w.syncer.syncThen(w.f, n); err != nil {
 			return w.fail(w.undo(fmt.Errorf("commit tablet %s: sync data: %w", w.tablet, err)))
 		}
 	}
