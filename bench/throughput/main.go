@@ -221,20 +221,26 @@ func (b *bench) flushDirty() {
 	for _, prefix := range []string{rawStreamPrefix, flowStreamPrefix} {
 		sinks, _ := filepath.Glob(filepath.Join(b.procs.Dir, prefix+"*"))
 		for _, sink := range sinks {
-			_ = filepath.WalkDir(sink, func(path string, d fs.DirEntry, err error) error {
-				if err != nil || !d.Type().IsRegular() {
-					return nil // a file going away meanwhile is no matter
-				}
-				f, err := os.Open(path)
-				if err != nil {
-					return nil
-				}
-				defer f.Close()
-				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-				return nil
-			})
+			dropPageCache(sink)
 		}
 	}
+}
+
+// dropPageCache drops the page cache of every file under dir (written
+// back already: flushDirty syncs first).
+func dropPageCache(dir string) {
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil // a file going away meanwhile is no matter
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return nil
+		}
+		defer f.Close()
+		_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		return nil
+	})
 }
 
 // medianPair returns the pair of the median ratio (the lower middle one
