@@ -37,7 +37,7 @@ DEBS := chromium,chromium-browser,google-chrome:chromium npm:npm
 all: build
 
 build: ## the binaries into ./bin
-	go build -o $(BIN)/ $(addprefix ./,$(BINARIES))
+	CGO_ENABLED=0 go build -o $(BIN)/ $(addprefix ./,$(BINARIES))
 
 debs: ## the Debian packages the tests need (DEBS), installed with apt-get when missing
 	@missing=""; for d in $(DEBS); do cmds="$${d%%:*}"; found=""; \

@@ -21,6 +21,7 @@ import (
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/internal/gomaxprocs"
+	"github.com/tabletflow/tabletflow/internal/timerslack"
 	"github.com/tabletflow/tabletflow/metrics"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/workflows"
@@ -46,6 +47,8 @@ func run() error {
 	pollers := flag.Int("pollers", 8, "activity task pollers, and the most workflow task pollers (autoscaled from 2) for each of the normal and the sticky queue")
 	adaptiveProcs := flag.Bool("adaptive-gomaxprocs", true,
 		"run on one P of the Go scheduler while the worker is lightly loaded, on all of them while it is busy (see the README's production notes)")
+	slack := flag.Duration("timer-slack", timerslack.Default,
+		"how late the kernel may wake the worker's threads from a timed sleep (Linux's timer slack; see the README's production notes); 0: the kernel's default")
 	metricsAddr := flag.String("metrics-addr", "",
 		"serve Prometheus metrics (tabletflow's and the Temporal SDK's) at http://ADDR/metrics; empty: off")
 	codecAddr := flag.String("codec-addr", "",
@@ -53,6 +56,9 @@ func run() error {
 	codecOrigins := flag.String("codec-origins", "http://localhost:8233,http://127.0.0.1:8233",
 		"browser origins (the Web UI's) the codec endpoint allows, comma-separated")
 	flag.Parse()
+	if *slack < 0 || *slack > timerslack.Max {
+		return fmt.Errorf("timer-slack: %v not in [0, %v]", *slack, timerslack.Max)
+	}
 	if *pollers < 2 {
 		return fmt.Errorf("pollers: %d: at least 2 (one for each of the workflow task queue's normal and sticky queues)", *pollers)
 	}
@@ -62,6 +68,11 @@ func run() error {
 		return fmt.Errorf("log-level: %w", err)
 	}
 	defer func() { _ = logger.Sync() }()
+	if *slack > 0 {
+		if err := timerslack.Set(*slack); err != nil {
+			logger.Warn("timer slack left at the kernel's default", zap.Error(err))
+		}
+	}
 	opts, err := conn.Options(connect.NewZapLogger(logger))
 	if err != nil {
 		return err
