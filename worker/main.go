@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -56,9 +57,6 @@ func run() error {
 	codecOrigins := flag.String("codec-origins", "http://localhost:8233,http://127.0.0.1:8233",
 		"browser origins (the Web UI's) the codec endpoint allows, comma-separated")
 	flag.Parse()
-	if *slack < 0 || *slack > timerslack.Max {
-		return fmt.Errorf("timer-slack: %v not in [0, %v]", *slack, timerslack.Max)
-	}
 	if *pollers < 2 {
 		return fmt.Errorf("pollers: %d: at least 2 (one for each of the workflow task queue's normal and sticky queues)", *pollers)
 	}
@@ -68,8 +66,10 @@ func run() error {
 		return fmt.Errorf("log-level: %w", err)
 	}
 	defer func() { _ = logger.Sync() }()
-	if *slack > 0 {
-		if err := timerslack.Set(*slack); err != nil {
+	if *slack != 0 {
+		if err := timerslack.Set(*slack); errors.Is(err, timerslack.ErrOutOfRange) {
+			return fmt.Errorf("timer-slack: %w; or 0 for the kernel's default", err)
+		} else if err != nil {
 			logger.Warn("timer slack left at the kernel's default", zap.Error(err))
 		}
 	}

@@ -15,10 +15,11 @@ const (
 // Set sets every thread's timer slack to d, and with it the slack of the
 // threads the runtime starts later (a thread inherits its creator's). It
 // fails on a binary built with cgo (the runtime cannot then run a system
-// call on every thread) and when d is not in (0, Max].
+// call on every thread), and with ErrOutOfRange when d is not in
+// (0, Max].
 func Set(d time.Duration) error {
-	if d <= 0 || d > Max {
-		return fmt.Errorf("%v not in (0, %v]", d, Max)
+	if err := check(d); err != nil {
+		return err
 	}
 	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, prSetTimerSlack, uintptr(d.Nanoseconds()), 0); errno != 0 {
 		if errno == syscall.ENOTSUP {

@@ -5,7 +5,11 @@ package timerslack
 // system call on every thread of a binary with cgo.
 
 import (
+	"errors"
+	"os"
 	"runtime"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -20,36 +24,67 @@ func current(t *testing.T) time.Duration {
 	return d
 }
 
-// TestSetReachesThreadsThatAlreadyRun: threads started before Set (each
-// held by a goroutine locked to it) report the new slack, as do threads
-// started after it and the calling thread.
+// held is a thread held by a goroutine locked to it: its id, and its
+// slack when asked (-1 on an error).
+type held struct {
+	tid   int
+	slack time.Duration
+}
+
+// hold locks a new goroutine to a thread, sends the thread's id on ids,
+// waits for ask to close, sends the thread's slack on got, and holds the
+// thread until release closes.
+func hold(ids chan<- int, ask <-chan struct{}, got chan<- held, release <-chan struct{}) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := syscall.Gettid()
+	ids <- tid
+	<-ask
+	d, err := Current()
+	if err != nil {
+		d = -1
+	}
+	got <- held{tid, d}
+	<-release
+}
+
+// threadIDs are the ids of the process's threads now.
+func threadIDs(t *testing.T) map[int]bool {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[int]bool{}
+	for _, e := range entries {
+		id, err := strconv.Atoi(e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[id] = true
+	}
+	return ids
+}
+
+// TestSetReachesThreadsThatAlreadyRun: threads that ran before Set (each
+// held by a goroutine locked to it) report the new slack, as does a
+// thread the process started after Set (one whose id was not there
+// before) and the calling thread.
 func TestSetReachesThreadsThatAlreadyRun(t *testing.T) {
 	const want = 3 * time.Millisecond
 	before := current(t)
 	if before == want {
 		t.Fatalf("the test needs a slack other than the %v it sets", want)
 	}
-	// report holds a thread of its own until ask closes, then sends that
-	// thread's slack (-1 on an error).
-	report := func(ready chan<- struct{}, ask <-chan struct{}, got chan<- time.Duration) {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if ready != nil {
-			ready <- struct{}{}
-		}
-		<-ask
-		d, err := Current()
-		if err != nil {
-			d = -1
-		}
-		got <- d
-	}
+	release := make(chan struct{})
+	defer close(release)
 	const threads = 4
-	ready, ask, got := make(chan struct{}), make(chan struct{}), make(chan time.Duration)
+	ids, ask, got := make(chan int), make(chan struct{}), make(chan held)
 	for range threads {
-		go report(ready, ask, got)
-		<-ready
+		go hold(ids, ask, got, release)
+		<-ids
 	}
+	existed := threadIDs(t)
 	if err := Set(want); err != nil {
 		close(ask)
 		t.Fatal(err)
@@ -57,30 +92,41 @@ func TestSetReachesThreadsThatAlreadyRun(t *testing.T) {
 	t.Cleanup(func() { _ = Set(before) })
 	close(ask)
 	for range threads {
-		if d := <-got; d != want {
-			t.Errorf("a thread that ran before Set: slack %v, want %v", d, want)
+		if h := <-got; h.slack != want {
+			t.Errorf("thread %d, which ran before Set: slack %v, want %v", h.tid, h.slack, want)
 		}
 	}
-	for range threads {
+	// Hold more threads until one is new: each goroutine keeps its
+	// thread, so the runtime runs out of idle ones and starts one.
+	var fresh *held
+	for i := 0; fresh == nil && i < 256; i++ {
 		ask := make(chan struct{})
-		go report(nil, ask, got)
+		go hold(ids, ask, got, release)
+		tid := <-ids
 		close(ask)
-		if d := <-got; d != want {
-			t.Errorf("a thread started after Set: slack %v, want %v", d, want)
+		h := <-got
+		if !existed[tid] {
+			fresh = &h
 		}
+	}
+	if fresh == nil {
+		t.Fatal("no thread started after Set within 256 held threads")
+	}
+	if fresh.slack != want {
+		t.Errorf("thread %d, started after Set: slack %v, want %v", fresh.tid, fresh.slack, want)
 	}
 	if d := current(t); d != want {
 		t.Errorf("the calling thread: slack %v, want %v", d, want)
 	}
 }
 
-// TestSetRejectsOutOfRange: zero, negative and beyond Max are errors, and
-// leave the slack as it was.
+// TestSetRejectsOutOfRange: zero, negative and beyond Max are
+// ErrOutOfRange, and leave the slack as it was.
 func TestSetRejectsOutOfRange(t *testing.T) {
 	before := current(t)
 	for _, d := range []time.Duration{0, -time.Millisecond, Max + 1} {
-		if err := Set(d); err == nil {
-			t.Errorf("Set(%v): no error", d)
+		if err := Set(d); !errors.Is(err, ErrOutOfRange) {
+			t.Errorf("Set(%v): %v, want ErrOutOfRange", d, err)
 		}
 	}
 	if after := current(t); after != before {
