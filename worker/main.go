@@ -18,6 +18,7 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/connect"
@@ -45,7 +46,7 @@ func run() error {
 		"activities run at once: one long-running GetChanges per tablet this worker serves, plus headroom")
 	stopTimeout := flag.Duration("stop-timeout", 30*time.Second,
 		"on SIGTERM, how long in-flight GetChanges get to commit and return")
-	pollers := flag.Int("pollers", 8, "activity task pollers, and the most workflow task pollers (autoscaled from 2) for each of the normal and the sticky queue")
+	pollers := flag.Int("pollers", 8, "activity task pollers, and workflow task pollers for each of the normal and the sticky queue (twice this in all)")
 	adaptiveProcs := flag.Bool("adaptive-gomaxprocs", true,
 		"run on one P of the Go scheduler while the worker is lightly loaded, on all of them while it is busy (see the README's production notes)")
 	slack := flag.Duration("timer-slack", timerslack.Default,
@@ -107,6 +108,7 @@ func run() error {
 		defer stop()
 		logger.Info("serving the payload codec", zap.String("url", "http://"+addr))
 	}
+	opts.ConnectionOptions.DialOptions = append(opts.ConnectionOptions.DialOptions, grpc.WithChainUnaryInterceptor(balancedWorkflowPolls))
 	c, err := client.Dial(opts)
 	if err != nil {
 		return fmt.Errorf("connect to Temporal at %s: %w", opts.HostPort, err)
@@ -132,15 +134,13 @@ func run() error {
 		MaxConcurrentActivityExecutionSize: *maxActivities,
 		WorkerStopTimeout:                  *stopTimeout,
 		// More pollers than the default two: when an exclusion moves many
-		// tablets at once, their workflow and activity tasks queue up.
-		// Workflow tasks are polled with the SDK's autoscaling behaviour,
-		// which keeps a poll on the task queue's normal queue at all
-		// times: with a fixed number, the SDK polls only the worker's
-		// sticky queue while that has a backlog, and on a server that
-		// cannot keep up a new run (a tablet after continue-as-new) waited
-		// minutes for its first workflow task.
-		WorkflowTaskPollerBehavior: worker.NewPollerBehaviorAutoscaling(worker.PollerBehaviorAutoscalingOptions{
-			InitialNumberOfPollers: *pollers, MinimumNumberOfPollers: 2, MaximumNumberOfPollers: *pollers}),
+		// tablets at once, their workflow and activity tasks queue up. A
+		// fixed number, half of them on each of the workflow task queue's
+		// normal and sticky queues (balancedWorkflowPolls; the SDK's
+		// autoscaling behaviour would do that too, at the cost of two
+		// tickers waking the worker ten times a second each).
+		WorkflowTaskPollerBehavior: worker.NewPollerBehaviorSimpleMaximum(worker.PollerBehaviorSimpleMaximumOptions{
+			MaximumNumberOfPollers: 2 * *pollers}),
 		MaxConcurrentActivityTaskPollers: *pollers,
 	})
 	w.RegisterWorkflow(workflows.StreamWorkflow)

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
+	"google.golang.org/grpc"
+)
+
+// pollWorkflowTaskQueue is the method whose answers balancedWorkflowPolls
+// changes.
+const pollWorkflowTaskQueue = "/temporal.api.workflowservice.v1.WorkflowService/PollWorkflowTaskQueue"
+
+// balancedWorkflowPolls keeps a fixed set of workflow task pollers polling
+// both of a worker's queues: the task queue's normal queue (a new run's
+// first task: a tablet after continue-as-new, a new stream) and the
+// worker's sticky queue (the next task of a run whose history it holds).
+//
+// The Go SDK's fixed poller behaviour sends every poll to the sticky queue
+// while the server says that queue has a backlog (the backlog count hint
+// in a sticky poll's answer), so on a server that cannot keep up a new run
+// waited minutes for its first task. Its autoscaling behaviour keeps a poll
+// on each queue, but runs two 100 ms tickers all the time, the largest
+// source of an idle or live worker's wakes (README, "Workflow task
+// pollers"). With the hint cleared from sticky answers, the fixed pollers
+// take the queue with fewer polls waiting: half on each. The hint steers
+// nothing else in the SDK; a sticky backlog is still drained, by half the
+// pollers instead of all of them.
+func balancedWorkflowPolls(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if method != pollWorkflowTaskQueue {
+		return err
+	}
+	in, ok := req.(*workflowservice.PollWorkflowTaskQueueRequest)
+	if !ok || in.GetTaskQueue().GetKind() != enumspb.TASK_QUEUE_KIND_STICKY {
+		return err
+	}
+	if out, ok := reply.(*workflowservice.PollWorkflowTaskQueueResponse); ok && out != nil {
+		out.BacklogCountHint = 0
+	}
+	return err
+}
