@@ -495,14 +495,25 @@ func firstChunk(t *testing.T, rd *postgres.Reader, stream string, start source.C
 	return first, cp
 }
 
-// getAcked asks rd for up to max records after from and acks the batch.
+// getAcked asks rd for up to max records after from and acks the batch;
+// a read that found nothing within its wait (a loaded machine's walsender
+// or snapshot select can take longer) is acked and asked again, for up to
+// a minute. It returns the first batch that brings records.
 func getAcked(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoint, max int) ([]source.Record, source.Checkpoint) {
 	t.Helper()
 	ctx := ctxT(t, time.Minute)
-	b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: max, MaxWait: 2 * time.Second})
-	require.NoError(t, err)
-	require.NoError(t, rd.Ack(ctx, stream, "s1", b.Checkpoint))
-	return b.Records, b.Checkpoint
+	for {
+		b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: max, MaxWait: 2 * time.Second})
+		require.NoError(t, err)
+		if len(b.Records) == 0 {
+			require.NoError(t, ctx.Err(), "no records after %s within a minute", from)
+		}
+		require.NoError(t, rd.Ack(ctx, stream, "s1", b.Checkpoint))
+		if len(b.Records) > 0 {
+			return b.Records, b.Checkpoint
+		}
+		from = b.Checkpoint
+	}
 }
 
 // A transaction whose commit is the very next WAL record after a chunk's
