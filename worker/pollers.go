@@ -8,10 +8,6 @@ import (
 	"google.golang.org/grpc"
 )
 
-// pollWorkflowTaskQueue is the method whose answers balancedWorkflowPolls
-// changes.
-const pollWorkflowTaskQueue = "/temporal.api.workflowservice.v1.WorkflowService/PollWorkflowTaskQueue"
-
 // balancedWorkflowPolls keeps a fixed set of workflow task pollers polling
 // both of a worker's queues: the task queue's normal queue (a new run's
 // first task: a tablet after continue-as-new, a new stream) and the
@@ -29,7 +25,7 @@ const pollWorkflowTaskQueue = "/temporal.api.workflowservice.v1.WorkflowService/
 // pollers instead of all of them.
 func balancedWorkflowPolls(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	err := invoker(ctx, method, req, reply, cc, opts...)
-	if method != pollWorkflowTaskQueue {
+	if method != workflowservice.WorkflowService_PollWorkflowTaskQueue_FullMethodName {
 		return err
 	}
 	in, ok := req.(*workflowservice.PollWorkflowTaskQueueRequest)

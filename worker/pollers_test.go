@@ -27,14 +27,14 @@ func TestBalancedWorkflowPollsClearsOnlyTheStickyBacklogHint(t *testing.T) {
 		require.ErrorIs(t, got, err)
 		return reply
 	}
-	require.Zero(t, answer(pollWorkflowTaskQueue, enumspb.TASK_QUEUE_KIND_STICKY, nil).BacklogCountHint, "a sticky poll's hint")
-	require.Zero(t, answer(pollWorkflowTaskQueue, enumspb.TASK_QUEUE_KIND_STICKY, errors.New("unavailable")).BacklogCountHint, "a failed sticky poll's")
-	require.EqualValues(t, 7, answer(pollWorkflowTaskQueue, enumspb.TASK_QUEUE_KIND_NORMAL, nil).BacklogCountHint, "a normal poll's hint is the server's")
-	require.EqualValues(t, 7, answer("/temporal.api.workflowservice.v1.WorkflowService/Other", enumspb.TASK_QUEUE_KIND_STICKY, nil).BacklogCountHint, "another method's answer is untouched")
+	require.Zero(t, answer(workflowservice.WorkflowService_PollWorkflowTaskQueue_FullMethodName, enumspb.TASK_QUEUE_KIND_STICKY, nil).BacklogCountHint, "a sticky poll's hint")
+	require.Zero(t, answer(workflowservice.WorkflowService_PollWorkflowTaskQueue_FullMethodName, enumspb.TASK_QUEUE_KIND_STICKY, errors.New("unavailable")).BacklogCountHint, "a failed sticky poll's")
+	require.EqualValues(t, 7, answer(workflowservice.WorkflowService_PollWorkflowTaskQueue_FullMethodName, enumspb.TASK_QUEUE_KIND_NORMAL, nil).BacklogCountHint, "a normal poll's hint is the server's")
+	require.EqualValues(t, 7, answer(workflowservice.WorkflowService_PollActivityTaskQueue_FullMethodName, enumspb.TASK_QUEUE_KIND_STICKY, nil).BacklogCountHint, "another method's answer is untouched")
 
 	// Any other request or reply passes through as it came.
 	called := false
-	err := balancedWorkflowPolls(context.Background(), pollWorkflowTaskQueue, &workflowservice.PollActivityTaskQueueRequest{}, &workflowservice.PollActivityTaskQueueResponse{}, nil,
+	err := balancedWorkflowPolls(context.Background(), workflowservice.WorkflowService_PollWorkflowTaskQueue_FullMethodName, &workflowservice.PollActivityTaskQueueRequest{}, &workflowservice.PollActivityTaskQueueResponse{}, nil,
 		func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
 			called = true
 			return nil
