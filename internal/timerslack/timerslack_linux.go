@@ -21,13 +21,15 @@ func Set(d time.Duration) error {
 	if err := check(d); err != nil {
 		return err
 	}
-	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, prSetTimerSlack, uintptr(d.Nanoseconds()), 0); errno != 0 {
-		if errno == syscall.ENOTSUP {
-			return fmt.Errorf("prctl(PR_SET_TIMERSLACK) on every thread: %w (a binary built with cgo; build with CGO_ENABLED=0)", errno)
-		}
-		return fmt.Errorf("prctl(PR_SET_TIMERSLACK) on every thread: %w", errno)
+	_, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, prSetTimerSlack, uintptr(d.Nanoseconds()), 0)
+	if errno == 0 {
+		return nil
 	}
-	return nil
+	err := fmt.Errorf("prctl(PR_SET_TIMERSLACK) on every thread: %w", errno)
+	if errno == syscall.ENOTSUP {
+		err = fmt.Errorf("%w (a binary built with cgo; build with CGO_ENABLED=0)", err)
+	}
+	return err
 }
 
 // Current is the calling thread's timer slack.
