@@ -502,18 +502,16 @@ func firstChunk(t *testing.T, rd *postgres.Reader, stream string, start source.C
 func getAcked(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoint, max int) ([]source.Record, source.Checkpoint) {
 	t.Helper()
 	ctx := ctxT(t, time.Minute)
-	for {
-		b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: max, MaxWait: 2 * time.Second})
+	var b source.Batch
+	for len(b.Records) == 0 {
+		require.NoError(t, ctx.Err(), "no records after %s within a minute", from)
+		var err error
+		b, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: max, MaxWait: 2 * time.Second})
 		require.NoError(t, err)
-		if len(b.Records) == 0 {
-			require.NoError(t, ctx.Err(), "no records after %s within a minute", from)
-		}
 		require.NoError(t, rd.Ack(ctx, stream, "s1", b.Checkpoint))
-		if len(b.Records) > 0 {
-			return b.Records, b.Checkpoint
-		}
 		from = b.Checkpoint
 	}
+	return b.Records, b.Checkpoint
 }
 
 // A transaction whose commit is the very next WAL record after a chunk's
