@@ -18,7 +18,6 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
 	"github.com/tabletflow/tabletflow/activities"
 	"github.com/tabletflow/tabletflow/connect"
@@ -108,7 +107,7 @@ func run() error {
 		defer stop()
 		logger.Info("serving the payload codec", zap.String("url", "http://"+addr))
 	}
-	opts.ConnectionOptions.DialOptions = append(opts.ConnectionOptions.DialOptions, grpc.WithChainUnaryInterceptor(balancedWorkflowPolls))
+	withBalancedWorkflowPolls(&opts)
 	c, err := client.Dial(opts)
 	if err != nil {
 		return fmt.Errorf("connect to Temporal at %s: %w", opts.HostPort, err)
@@ -130,19 +129,7 @@ func run() error {
 		defer stopGov()
 		go gov.Run(gctx)
 	}
-	w := worker.New(c, *taskQueue, worker.Options{
-		MaxConcurrentActivityExecutionSize: *maxActivities,
-		WorkerStopTimeout:                  *stopTimeout,
-		// More pollers than the default two: when an exclusion moves many
-		// tablets at once, their workflow and activity tasks queue up. A
-		// fixed number, half of them on each of the workflow task queue's
-		// normal and sticky queues (balancedWorkflowPolls; the SDK's
-		// autoscaling behaviour would do that too, at the cost of two
-		// tickers waking the worker ten times a second each).
-		WorkflowTaskPollerBehavior: worker.NewPollerBehaviorSimpleMaximum(worker.PollerBehaviorSimpleMaximumOptions{
-			MaximumNumberOfPollers: 2 * *pollers}),
-		MaxConcurrentActivityTaskPollers: *pollers,
-	})
+	w := worker.New(c, *taskQueue, workerOptions(*pollers, *maxActivities, *stopTimeout))
 	w.RegisterWorkflow(workflows.StreamWorkflow)
 	w.RegisterWorkflow(workflows.TabletWorkflow)
 	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger, Metrics: m, Busy: gov.Busy,

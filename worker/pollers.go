@@ -2,11 +2,39 @@ package main
 
 import (
 	"context"
+	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
 	"google.golang.org/grpc"
 )
+
+// workerOptions are the worker's options: activities run at once, the
+// stop timeout, and pollers.
+func workerOptions(pollers, maxActivities int, stopTimeout time.Duration) worker.Options {
+	return worker.Options{
+		MaxConcurrentActivityExecutionSize: maxActivities,
+		WorkerStopTimeout:                  stopTimeout,
+		// More pollers than the default two: when an exclusion moves many
+		// tablets at once, their workflow and activity tasks queue up. A
+		// fixed number, half of them on each of the workflow task queue's
+		// normal and sticky queues (with withBalancedWorkflowPolls; the
+		// SDK's autoscaling behaviour would do that too, at the cost of
+		// two tickers waking the worker ten times a second each).
+		WorkflowTaskPollerBehavior: worker.NewPollerBehaviorSimpleMaximum(worker.PollerBehaviorSimpleMaximumOptions{
+			MaximumNumberOfPollers: 2 * pollers}),
+		MaxConcurrentActivityTaskPollers: pollers,
+	}
+}
+
+// withBalancedWorkflowPolls installs balancedWorkflowPolls on the
+// client's connection to the server: the fixed workflow task pollers of
+// workerOptions need it.
+func withBalancedWorkflowPolls(opts *client.Options) {
+	opts.ConnectionOptions.DialOptions = append(opts.ConnectionOptions.DialOptions, grpc.WithChainUnaryInterceptor(balancedWorkflowPolls))
+}
 
 // balancedWorkflowPolls keeps a fixed set of workflow task pollers polling
 // both of a worker's queues: the task queue's normal queue (a new run's
