@@ -26,11 +26,11 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/tabletflow/tabletflow/config"
-	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/sink/sinktest"
 	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/temporalclient"
 )
 
 // activityEnv returns an activity test environment for r's GetChanges,
@@ -39,7 +39,7 @@ import (
 // heartbeat timeout, so GetChanges records heartbeats only per batch.
 func (r *rig) activityEnv(bg context.Context) *testsuite.TestActivityEnvironment {
 	var s testsuite.WorkflowTestSuite
-	s.SetLogger(connect.Quiet{})
+	s.SetLogger(temporalclient.Quiet{})
 	env := s.NewTestActivityEnvironment()
 	opts := worker.Options{Interceptors: []interceptor.WorkerInterceptor{r.spy}, BackgroundActivityContext: bg}
 	env.SetWorkerOptions(opts)
@@ -433,7 +433,7 @@ func TestGetChangesHeartbeatsThroughSlowStartupPollsAndCommits(t *testing.T) {
 			var from, to atomic.Pointer[time.Time]
 			tt.rig(r, &from, &to)
 			var s testsuite.WorkflowTestSuite
-			s.SetLogger(connect.Quiet{})
+			s.SetLogger(temporalclient.Quiet{})
 			env := s.NewTestWorkflowEnvironment()
 			env.SetTestTimeout(time.Minute)
 			env.SetWorkerOptions(worker.Options{Interceptors: []interceptor.WorkerInterceptor{r.spy}})

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/tabletflow/tabletflow/codec"
-	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -51,7 +51,7 @@ func TestEncryptedPayloadsAreCiphertextInHistoryAndDecodedForKeyHolders(t *testi
 	e := newEnvOn(t, server.Addr, "--tablets", "2", "--rate", "100")
 	e.workerArgs = []string{"--encryption-key-file", keyFile, "--codec-addr", codecAddr, "--codec-origins", server.UI}
 	e.codecEndpoint = "http://" + codecAddr // the operator's CLI encodes its signals through it
-	sealed, err := client.Dial(client.Options{HostPort: server.Addr, Logger: connect.Quiet{},
+	sealed, err := client.Dial(client.Options{HostPort: server.Addr, Logger: temporalclient.Quiet{},
 		DataConverter: cdc.DataConverter(), FailureConverter: cdc.FailureConverter()})
 	require.NoError(t, err)
 	t.Cleanup(sealed.Close)

@@ -26,12 +26,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
 	tabletdsrc "github.com/tabletflow/tabletflow/source/tabletd"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -178,7 +178,7 @@ func newEnvWith(t *testing.T, addr string, certs *testbed.Certs, tabletdArgs ...
 		_, err := e.admin.Workload(context.Background(), &sourcepb.WorkloadRequest{Action: sourcepb.WorkloadRequest_STATUS})
 		return err == nil, fmt.Sprint(err)
 	})
-	c, err := client.Dial(client.Options{HostPort: e.addr, Logger: connect.Quiet{},
+	c, err := client.Dial(client.Options{HostPort: e.addr, Logger: temporalclient.Quiet{},
 		ConnectionOptions: client.ConnectionOptions{TLS: temporalTLS}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)

@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 	"github.com/tabletflow/tabletflow/tlsfiles"

@@ -13,7 +13,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/tabletflow/tabletflow/config"
-	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -21,7 +21,7 @@ import (
 // update, so a bad request comes back as an error; with --signal as a
 // signal (fire and forget), exactly as `temporal workflow signal` sends it.
 func operator(name string, args []string, stdout, stderr io.Writer) error {
-	var conn connect.Flags
+	var conn temporalclient.Flags
 	fs := newFlags(name, stderr, &conn)
 	asSignal := fs.Bool("signal", false, "send a signal (fire and forget) instead of an update")
 	var payload func() (any, error)

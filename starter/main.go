@@ -23,7 +23,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/tabletflow/tabletflow/config"
-	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -80,15 +80,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 type usageError struct{ error }
 
 // newFlags returns a flag set with the connection flags.
-func newFlags(name string, stderr io.Writer, conn *connect.Flags) *flag.FlagSet {
+func newFlags(name string, stderr io.Writer, conn *temporalclient.Flags) *flag.FlagSet {
 	fs := flag.NewFlagSet("starter "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	conn.Register(fs)
 	return fs
 }
 
-func dial(conn *connect.Flags) (client.Client, client.Options, error) {
-	opts, err := conn.Options(connect.Quiet{})
+func dial(conn *temporalclient.Flags) (client.Client, client.Options, error) {
+	opts, err := conn.Options(temporalclient.Quiet{})
 	if err != nil {
 		return nil, opts, err
 	}
@@ -104,7 +104,7 @@ func dial(conn *connect.Flags) (client.Client, client.Options, error) {
 const maxConfigBytes = 256 << 10
 
 func start(args []string, stdout, stderr io.Writer) error {
-	var conn connect.Flags
+	var conn temporalclient.Flags
 	fs := newFlags("start", stderr, &conn)
 	file := fs.String("f", "", "stream config JSON file (required)")
 	id := fs.String("id", "", "stream ID, the workflow ID (default: the file's base name)")
@@ -150,7 +150,7 @@ func start(args []string, stdout, stderr io.Writer) error {
 }
 
 func status(args []string, stdout, stderr io.Writer) error {
-	var conn connect.Flags
+	var conn temporalclient.Flags
 	fs := newFlags("status", stderr, &conn)
 	watch := fs.Bool("watch", false, "refresh until interrupted, with records/s")
 	interval := fs.Duration("interval", 2*time.Second, "refresh interval for --watch")

@@ -21,7 +21,7 @@ import (
 
 	"go.temporal.io/sdk/client"
 
-	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -218,7 +218,7 @@ func (s *DevServer) start() error {
 	s.Proc = p
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		c, err := client.Dial(client.Options{HostPort: s.Addr, Logger: connect.Quiet{}})
+		c, err := client.Dial(client.Options{HostPort: s.Addr, Logger: temporalclient.Quiet{}})
 		if err == nil {
 			_, err = c.CheckHealth(context.Background(), &client.CheckHealthRequest{})
 			c.Close()

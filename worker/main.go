@@ -20,11 +20,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/activities"
-	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/internal/gomaxprocs"
 	"github.com/tabletflow/tabletflow/internal/timerslack"
 	"github.com/tabletflow/tabletflow/metrics"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
@@ -36,7 +36,7 @@ func main() {
 }
 
 func run() error {
-	var conn connect.Flags
+	var conn temporalclient.Flags
 	conn.Register(flag.CommandLine)
 	taskQueue := flag.String("task-queue", workflows.TaskQueue, "task queue")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
@@ -61,7 +61,7 @@ func run() error {
 		return fmt.Errorf("pollers: %d: at least 2 (one for each of the workflow task queue's normal and sticky queues)", *pollers)
 	}
 
-	logger, err := connect.NewZap(*logLevel, *logFormat)
+	logger, err := temporalclient.NewZap(*logLevel, *logFormat)
 	if err != nil {
 		return fmt.Errorf("log-level: %w", err)
 	}
@@ -73,7 +73,7 @@ func run() error {
 			logger.Warn("timer slack left at the kernel's default", zap.Error(err))
 		}
 	}
-	opts, err := conn.Options(connect.NewZapLogger(logger))
+	opts, err := conn.Options(temporalclient.NewZapLogger(logger))
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func run() error {
 			return err
 		}
 		if cdc == nil {
-			return fmt.Errorf("codec-addr: no encryption key (--encryption-key-file or $%s)", connect.EnvEncryptionKeys)
+			return fmt.Errorf("codec-addr: no encryption key (--encryption-key-file or $%s)", temporalclient.EnvEncryptionKeys)
 		}
 		origins := strings.FieldsFunc(*codecOrigins, func(r rune) bool { return r == ',' || r == ' ' })
 		addr, stop, err := serveCodec(*codecAddr, cdc.Handler(origins))
@@ -114,7 +114,7 @@ func run() error {
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	err = connect.CheckSearchAttributes(ctx, c, opts.Namespace, workflows.SearchAttributes)
+	err = temporalclient.CheckSearchAttributes(ctx, c, opts.Namespace, workflows.SearchAttributes)
 	cancel()
 	if err != nil {
 		return err

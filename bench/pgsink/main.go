@@ -29,7 +29,7 @@
 // mode stores the records once (mirror tables: per record an upsert or a
 // delete). Every run is checked: the tables' and the directory's digests
 // (postgres.Digest, jsonl.DigestDir) equal the records' digest
-// (tabletd/digest), the checkpoints are the tablets' last positions, the
+// (package digest), the checkpoints are the tablets' last positions, the
 // mirror table holds exactly the orders left, at their last revision.
 //
 // It is a program, not a testing.B, like the other benchmarks here.

@@ -6,8 +6,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/source"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // table is the source table every record is a change of.

@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/sink/postgres"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // sameDigest checks that d, what a path stored, is the workload's digest.

@@ -68,9 +68,9 @@ import (
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/config"
-	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/postgres"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 )
@@ -346,7 +346,7 @@ func (b *bench) start(ctx context.Context, dir string) error {
 		return err
 	}
 	var err error
-	if b.temporal, err = client.Dial(client.Options{HostPort: b.server.Addr, Logger: connect.Quiet{}}); err != nil {
+	if b.temporal, err = client.Dial(client.Options{HostPort: b.server.Addr, Logger: temporalclient.Quiet{}}); err != nil {
 		return err
 	}
 	sh := b.shard()

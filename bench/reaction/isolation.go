@@ -13,9 +13,9 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
-	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -88,7 +88,7 @@ func (w *world) start(dir string, serverArgs, streams []string) (err error) {
 	if w.srv, err = testbed.StartDevServer(filepath.Join(binDir, "temporal"), filepath.Join(d, "temporal"), serverArgs...); err != nil {
 		return err
 	}
-	if w.c, err = client.Dial(client.Options{HostPort: w.srv.Addr, Logger: connect.Quiet{}}); err != nil {
+	if w.c, err = client.Dial(client.Options{HostPort: w.srv.Addr, Logger: temporalclient.Quiet{}}); err != nil {
 		return err
 	}
 	if w.bed, err = newBedOn(w.srv.Addr, w.c, dir, name, "--tablets", "16", "--rate", "0", "--lag", "0s"); err != nil {

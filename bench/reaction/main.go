@@ -48,9 +48,9 @@ import (
 
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
-	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/promscrape"
 	"github.com/tabletflow/tabletflow/workflows"
@@ -146,7 +146,7 @@ func run() error {
 		return err
 	}
 	defer server.Stop()
-	c, err := client.Dial(client.Options{HostPort: server.Addr, Logger: connect.Quiet{}})
+	c, err := client.Dial(client.Options{HostPort: server.Addr, Logger: temporalclient.Quiet{}})
 	if err != nil {
 		return err
 	}

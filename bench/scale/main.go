@@ -65,9 +65,9 @@ import (
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
-	"github.com/tabletflow/tabletflow/connect"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source/tabletd"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -304,7 +304,7 @@ func run() error {
 		return err
 	}
 	b.procs.Add("temporal", ds.Proc)
-	if b.temporal, err = client.Dial(client.Options{HostPort: ds.Addr, Namespace: namespace, Logger: connect.Quiet{}}); err != nil {
+	if b.temporal, err = client.Dial(client.Options{HostPort: ds.Addr, Namespace: namespace, Logger: temporalclient.Quiet{}}); err != nil {
 		return err
 	}
 	defer b.temporal.Close()

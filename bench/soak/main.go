@@ -24,10 +24,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/tabletd"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 	"github.com/tabletflow/tabletflow/testbed"
 )
 

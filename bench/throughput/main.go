@@ -72,12 +72,12 @@ import (
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
-	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/tabletd"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/promscrape"
 	"github.com/tabletflow/tabletflow/workflows"
@@ -661,7 +661,7 @@ func (b *bench) startTemporal(ctx context.Context) error {
 			return err
 		}
 		err = procs.WaitFor(ctx, p, "Temporal dev server", 90*time.Second, func() error {
-			c, err := client.Dial(client.Options{HostPort: b.temporalAddr, Logger: connect.Quiet{}})
+			c, err := client.Dial(client.Options{HostPort: b.temporalAddr, Logger: temporalclient.Quiet{}})
 			if err != nil {
 				return err
 			}

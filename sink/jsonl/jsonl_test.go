@@ -14,10 +14,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/sink/sinktest"
 	"github.com/tabletflow/tabletflow/source"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 const stream = "orders"

@@ -15,7 +15,7 @@ import (
 	"github.com/segmentio/encoding/json"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/tabletflow/tabletflow/tabletd/digest"
+	"github.com/tabletflow/tabletflow/digest"
 )
 
 // ReadDir parses the committed lines of every <tablet>.jsonl file in dir,

@@ -24,9 +24,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/source"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // Harness is one adapter's storage under test, fresh for each case.

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // Config sizes a cluster. Zero fields take the defaults in DefaultConfig.

@@ -11,11 +11,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/tabletd"
 	"github.com/tabletflow/tabletflow/tabletd/cluster"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // testCluster is a running cluster on loopback with a client on it.

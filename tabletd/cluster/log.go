@@ -5,9 +5,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // tabletLog is one tablet's ordered change log as its leader holds it.

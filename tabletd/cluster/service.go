@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // topologyService serves the cluster layout and the streams.

@@ -8,9 +8,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // stream is a source-side CDC stream: where it started each tablet, what it

@@ -8,10 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/tabletd/cluster"
-	"github.com/tabletflow/tabletflow/tabletd/digest"
 )
 
 // total sums a per-tablet digest.

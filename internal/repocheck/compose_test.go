@@ -1,4 +1,4 @@
-package tabletflow
+package repocheck
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // promises. Where the docker compose plugin is installed it runs `docker
 // compose config` too.
 func TestDockerComposeFileIsValid(t *testing.T) {
-	opts, err := cli.NewProjectOptions([]string{"docker-compose.yml"}, cli.WithWorkingDirectory("."), cli.WithName("tabletflow"))
+	opts, err := cli.NewProjectOptions([]string{"../../docker-compose.yml"}, cli.WithWorkingDirectory("../.."), cli.WithName("tabletflow"))
 	require.NoError(t, err)
 	project, err := opts.LoadProject(context.Background())
 	require.NoError(t, err)
@@ -31,7 +31,7 @@ func TestDockerComposeFileIsValid(t *testing.T) {
 	require.Contains(t, project.Services["temporal"].Image, "temporalio/server", "the server image, not auto-setup")
 
 	if exec.Command("docker", "compose", "version").Run() == nil {
-		out, err := exec.Command("docker", "compose", "-f", "docker-compose.yml", "config", "--quiet").CombinedOutput()
+		out, err := exec.Command("docker", "compose", "-f", "../../docker-compose.yml", "config", "--quiet").CombinedOutput()
 		require.NoError(t, err, "%s", out)
 	}
 }

@@ -1,4 +1,4 @@
-package connect_test
+package temporalclient_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/tabletflow/tabletflow/connect"
+	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 )
 
@@ -56,8 +56,8 @@ func TestAPIKeyFromTheEnvironmentReachesTheServerOverTLS(t *testing.T) {
 	t.Setenv("TEMPORAL_NAMESPACE", "tabletflow.a1b2c")
 	t.Setenv("TEMPORAL_API_KEY", "key-from-the-environment")
 	t.Setenv("TEMPORAL_TLS_SERVER_CA_CERT_PATH", certs.CA)
-	var flags connect.Flags
-	opts, err := flags.Options(connect.Quiet{})
+	var flags temporalclient.Flags
+	opts, err := flags.Options(temporalclient.Quiet{})
 	require.NoError(t, err)
 	require.Equal(t, "tabletflow.a1b2c", opts.Namespace)
 	c, err := client.Dial(opts)
@@ -98,8 +98,8 @@ func TestCallsToTemporalAreUncompressedUnlessGzipIsAsked(t *testing.T) {
 	dial := func(compression string) int64 {
 		t.Helper()
 		before := gz.compressed.Load()
-		flags := connect.Flags{Address: lis.Addr().String(), Compression: compression}
-		opts, err := flags.Options(connect.Quiet{})
+		flags := temporalclient.Flags{Address: lis.Addr().String(), Compression: compression}
+		opts, err := flags.Options(temporalclient.Quiet{})
 		require.NoError(t, err)
 		c, err := client.Dial(opts)
 		require.NoError(t, err)
@@ -113,7 +113,7 @@ func TestCallsToTemporalAreUncompressedUnlessGzipIsAsked(t *testing.T) {
 	require.Zero(t, dial("none"), "none compressed a call")
 	require.Positive(t, dial("gzip"), "gzip sent no compressed call")
 
-	flags := connect.Flags{Address: lis.Addr().String(), Compression: "zstd"}
-	_, err = flags.Options(connect.Quiet{})
+	flags := temporalclient.Flags{Address: lis.Addr().String(), Compression: "zstd"}
+	_, err = flags.Options(temporalclient.Quiet{})
 	require.ErrorContains(t, err, `grpc-compression: "zstd": want none or gzip`)
 }

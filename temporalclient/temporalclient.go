@@ -1,8 +1,8 @@
-// Package connect is how tabletflow's binaries reach Temporal: the SDK's
+// Package temporalclient is how tabletflow's binaries reach Temporal: the SDK's
 // standard environment variables and config file (TEMPORAL_ADDRESS,
 // TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_*, the envconfig
 // profile), with command-line flags that override them.
-package connect
+package temporalclient
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package connect
+package temporalclient
 
 import (
 	"go.temporal.io/sdk/log"

@@ -1,6 +1,7 @@
-// Package digest computes the order-independent digest tabletd keeps of the
-// records it produced, so that any consumer can prove it holds exactly the
-// same records: no loss, no duplicate.
+// Package digest computes the order-independent digest of change records:
+// tabletd keeps one of every record it produced, and a sink, a test or a
+// benchmark computes one of what it holds, so that any consumer can prove
+// it holds exactly the same records: no loss, no duplicate.
 //
 // A record's hash is FNV-1a 64 over its canonical form, the fields joined by
 // "\n":
