@@ -4,12 +4,10 @@
 package activities
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -18,20 +16,16 @@ import (
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
-	"github.com/tabletflow/tabletflow/sink/jsonl"
-	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
 	"github.com/tabletflow/tabletflow/source"
-	"github.com/tabletflow/tabletflow/source/postgres"
-	"github.com/tabletflow/tabletflow/source/tabletd"
-	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 // Resources opens sources and sinks from a stream's config and shares them
 // across activities, so connections and file handles are reused.
 type Resources struct {
 	// NewSource and NewSink build a source or a stream's sink the first
-	// time one is needed. Nil means the adapters this package knows
-	// (tabletd, postgres; jsonl, postgres); tests set fakes.
+	// time one is needed: the worker's wiring (adapters.OpenSource and
+	// adapters.OpenSink), or fakes in tests. Nil opens nothing: every
+	// kind is unknown.
 	NewSource func(cfg config.Source) (source.Source, error)
 	NewSink   func(cfg config.Sink, stream string) (sink.Sink, error)
 
@@ -67,21 +61,30 @@ func (r *Resources) Tablets(ctx context.Context, src source.Source) ([]source.Ta
 
 // errUnknownKind: a config names an adapter this worker does not have, a
 // config error rather than trouble with the source or sink.
-var errUnknownKind = errors.New("unknown kind")
+var errUnknownKind = config.ErrUnknownKind
 
-// sourceKey is what identifies a connection (tables do not); shards is a
-// postgres source's servers, as JSON.
-type sourceKey struct {
-	kind, address, keyspace, tokenEnv, shards string
-	tls                                       tlsfiles.Files
-}
+// sourceKey is what identifies a source client: its section but the
+// tables (a connection serves any tables).
+type sourceKey struct{ kind, spec string }
 
-type sinkKey struct {
-	kind, path, dsnEnv, schema, mode, stream string
-	// tables is the postgres sink's sink.tables as JSON (map keys sorted):
-	// a stream started again with other given tables gets a sink of its
-	// own.
-	tables string
+// sinkKey identifies a stream's sink: its whole section and the stream.
+type sinkKey struct{ kind, spec, stream string }
+
+// canonical is a section's JSON with the keys of every object sorted and
+// the named top-level keys left out, so two spellings of one section share
+// a client.
+func canonical(spec json.RawMessage, drop ...string) string {
+	dec := json.NewDecoder(bytes.NewReader(spec))
+	dec.UseNumber()
+	var fields map[string]any
+	if dec.Decode(&fields) != nil {
+		return string(spec)
+	}
+	for _, k := range drop {
+		delete(fields, k)
+	}
+	b, _ := json.Marshal(fields) // map keys sorted, at every depth
+	return string(b)
 }
 
 // NewResources returns an empty cache.
@@ -91,24 +94,16 @@ func NewResources() *Resources {
 
 // Source returns the shared client for a source config.
 func (r *Resources) Source(cfg config.Source) (source.Source, error) {
-	key := sourceKey{kind: cfg.Kind, address: cfg.Address, keyspace: cfg.Keyspace, tokenEnv: cfg.TokenEnv}
-	if len(cfg.Shards) > 0 {
-		b, _ := json.Marshal(cfg.Shards)
-		key.shards = string(b)
-	}
-	if cfg.TLS != nil {
-		key.tls = *cfg.TLS
-	}
+	key := sourceKey{kind: cfg.Kind, spec: canonical(cfg.Spec, "tables")}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.sources[key]; s != nil {
 		return s, nil
 	}
-	open := r.NewSource
-	if open == nil {
-		open = newSource
+	if r.NewSource == nil {
+		return nil, fmt.Errorf("source.kind: %w %q", errUnknownKind, cfg.Kind)
 	}
-	s, err := open(cfg)
+	s, err := r.NewSource(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -121,21 +116,16 @@ func (r *Resources) Source(cfg config.Source) (source.Source, error) {
 
 // Sink returns the shared sink of a stream.
 func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
-	key := sinkKey{kind: cfg.Kind, path: filepath.Clean(cfg.Path), dsnEnv: cfg.DSNEnv, schema: cfg.Schema, mode: cfg.Mode, stream: stream}
-	if len(cfg.Tables) > 0 {
-		b, _ := json.Marshal(cfg.Tables)
-		key.tables = string(b)
-	}
+	key := sinkKey{kind: cfg.Kind, spec: canonical(cfg.Spec), stream: stream}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.sinks[key]; s != nil {
 		return s, nil
 	}
-	open := r.NewSink
-	if open == nil {
-		open = newSink
+	if r.NewSink == nil {
+		return nil, fmt.Errorf("sink.kind: %w %q", errUnknownKind, cfg.Kind)
 	}
-	s, err := open(cfg, stream)
+	s, err := r.NewSink(cfg, stream)
 	if err != nil {
 		return nil, err
 	}
@@ -144,55 +134,6 @@ func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
 	}
 	r.sinks[key] = s
 	return s, nil
-}
-
-// newSource builds a source with the adapters this package knows.
-func newSource(cfg config.Source) (source.Source, error) {
-	switch cfg.Kind {
-	case "tabletd":
-		var opts tabletd.Options
-		if cfg.TLS != nil {
-			opts.TLS = *cfg.TLS
-		}
-		if cfg.TokenEnv != "" {
-			if opts.Token = os.Getenv(cfg.TokenEnv); opts.Token == "" {
-				return nil, fmt.Errorf("source.tokenEnv: %s is not set in the worker's environment", cfg.TokenEnv)
-			}
-		}
-		c, err := tabletd.Dial(cfg.Address, cfg.Keyspace, opts)
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
-	case "postgres":
-		s, err := postgres.New(cfg, nil)
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	}
-	return nil, fmt.Errorf("source.kind: %w %q", errUnknownKind, cfg.Kind)
-}
-
-// newSink builds a sink with the adapters this package knows.
-func newSink(cfg config.Sink, stream string) (sink.Sink, error) {
-	switch cfg.Kind {
-	case "jsonl":
-		s, err := jsonl.New(cfg.Path, stream)
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	case "postgres":
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		s, err := pgsink.New(ctx, cfg, stream, nil)
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	}
-	return nil, fmt.Errorf("sink.kind: %w %q", errUnknownKind, cfg.Kind)
 }
 
 // Close closes every source and sink.

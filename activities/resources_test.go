@@ -1,12 +1,14 @@
 package activities
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
+	"github.com/tabletflow/tabletflow/source"
 )
 
 // TestSinksAreSharedPerStreamAndConfig: a worker opens one sink per
@@ -17,21 +19,43 @@ func TestSinksAreSharedPerStreamAndConfig(t *testing.T) {
 	opened := 0
 	r := NewResources()
 	r.NewSink = func(config.Sink, string) (sink.Sink, error) { opened++; return newMemSink(&callLog{}), nil }
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Schema: "tabletflow", Mode: "apply", Tables: map[string]string{"public.a": "app.a", "public.b": "app.b"}}
+	section := func(tables string) config.Sink {
+		return config.Sink{Kind: "postgres", Spec: json.RawMessage(`{"kind":"postgres","dsnEnv":"D","mode":"apply","tables":` + tables + `}`)}
+	}
+	cfg := section(`{"public.a":"app.a","public.b":"app.b"}`)
 	_, err := r.Sink(cfg, "orders")
 	require.NoError(t, err)
-	same := cfg
-	same.Tables = map[string]string{"public.b": "app.b", "public.a": "app.a"}
-	_, err = r.Sink(same, "orders")
+	_, err = r.Sink(section(`{"public.b": "app.b", "public.a": "app.a"}`), "orders")
 	require.NoError(t, err)
 	require.Equal(t, 1, opened, "the same config shares the sink")
 
-	other := cfg
-	other.Tables = map[string]string{"public.a": "app.a2", "public.b": "app.b"}
-	_, err = r.Sink(other, "orders")
+	_, err = r.Sink(section(`{"public.a":"app.a2","public.b":"app.b"}`), "orders")
 	require.NoError(t, err)
 	require.Equal(t, 2, opened, "other given tables, another sink")
 	_, err = r.Sink(cfg, "returns")
 	require.NoError(t, err)
 	require.Equal(t, 3, opened, "another stream, another sink")
+}
+
+// TestSourcesAreSharedAcrossTables: a source client serves any tables, so
+// streams that differ only in their tables share one; another address is
+// another client.
+func TestSourcesAreSharedAcrossTables(t *testing.T) {
+	opened := 0
+	r := NewResources()
+	r.NewSource = func(config.Source) (source.Source, error) { opened++; return &fakeSource{}, nil }
+	section := func(spec string) config.Source {
+		return config.Source{Kind: "tabletd", Spec: json.RawMessage(spec)}
+	}
+	for _, spec := range []string{
+		`{"kind":"tabletd","address":"h:1","keyspace":"k"}`,
+		`{"keyspace":"k","kind":"tabletd","tables":["orders"],"address":"h:1"}`,
+	} {
+		_, err := r.Source(section(spec))
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, opened, "tables and key order do not make another client")
+	_, err := r.Source(section(`{"kind":"tabletd","address":"h:2","keyspace":"k"}`))
+	require.NoError(t, err)
+	require.Equal(t, 2, opened, "another address, another client")
 }

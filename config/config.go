@@ -10,15 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
 // Stream is a stream's configuration (DESIGN.md "Contract examples").
@@ -37,60 +34,6 @@ type Stream struct {
 	// change state at once.
 	ReportRate float64     `json:"reportRate,omitempty"`
 	Exclude    ExcludeList `json:"exclude,omitempty"`
-}
-
-// Source names the database to read. Secrets never go here: a credential
-// is named by the environment variable the worker reads (TokenEnv, a
-// replica's DSNEnv).
-type Source struct {
-	Kind string `json:"kind"`
-	// Address and Keyspace: a tabletd topology service.
-	Address  string   `json:"address"`
-	Keyspace string   `json:"keyspace"`
-	Tables   []string `json:"tables,omitempty"`
-	TokenEnv string   `json:"tokenEnv,omitempty"`
-	// TLS names the PEM files (on the worker's machine) the worker dials
-	// tabletd with: the CA that signed tabletd's certificate, and a client
-	// certificate and key for mutual TLS. Absent: plaintext.
-	TLS *tlsfiles.Files `json:"tls,omitempty"`
-	// Shards: PostgreSQL shards (kind "postgres"), each a tablet whose
-	// replicas are its primary and standbys.
-	Shards []Shard `json:"shards,omitempty"`
-}
-
-// Shard is one PostgreSQL shard: a tablet of the stream.
-type Shard struct {
-	ID       string         `json:"id"`
-	Replicas []ShardReplica `json:"replicas"`
-}
-
-// ShardReplica is one server of a shard. Its DSN is read by the worker
-// from the environment variable DSNEnv, never stored in the config.
-type ShardReplica struct {
-	Alias  string `json:"alias"`
-	Cell   string `json:"cell"`
-	Type   string `json:"type"`
-	DSNEnv string `json:"dsnEnv"`
-}
-
-// Sink names where records go.
-type Sink struct {
-	Kind string `json:"kind"`
-	// Path is the JSONL sink's directory.
-	Path string `json:"path,omitempty"`
-	// DSNEnv names the environment variable holding a database sink's DSN.
-	DSNEnv string `json:"dsnEnv,omitempty"`
-	// Mode of the postgres sink: "changelog" (every record appended to one
-	// change table) or "apply" (mirror tables of the source's rows).
-	Mode string `json:"mode,omitempty"`
-	// Schema of the postgres sink's tables.
-	Schema string `json:"schema,omitempty"`
-	// Tables maps a source table ("public.orders"; tabletd's "orders") to
-	// an existing table of the sink's database ("app.orders") that apply
-	// mode writes its rows into, instead of a mirror table it makes: the
-	// table's own column types and primary key, each value cast from the
-	// record's JSON. Tables not listed get mirror tables in Schema.
-	Tables map[string]string `json:"tables,omitempty"`
 }
 
 // Selection steers the tablet picker.
@@ -209,7 +152,6 @@ var (
 	DefaultRun             = Run{Duration: Duration(5 * time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
 	DefaultReportRate      = 100.0
-	DefaultSinkSchema      = "tabletflow"
 )
 
 // Bounds of ReportRate: below one report a second a stream of thousands of
@@ -369,75 +311,36 @@ func (s *Stream) Defaults() {
 	if s.ReportRate == 0 {
 		s.ReportRate = DefaultReportRate
 	}
-	if s.Sink.Kind == "postgres" {
-		if s.Sink.Mode == "" {
-			s.Sink.Mode = "changelog"
-		}
-		if s.Sink.Schema == "" {
-			s.Sink.Schema = DefaultSinkSchema
-		}
-	}
 }
 
 // ValidAlias reports whether s looks like a replica alias, <cell>-<name>
 // (tabletd: <cell>-<uid>; a postgres source: as configured, e.g. zone1-s1).
 func ValidAlias(s string) bool { return aliasRe.MatchString(s) }
 
+// ValidEnvName reports whether s is an environment variable's name, as a
+// config names the variable holding a secret rather than the secret.
+func ValidEnvName(s string) bool { return envVarRe.MatchString(s) }
+
+// ValidTabletType reports whether s is a replica type: PRIMARY, REPLICA
+// or RDONLY.
+func ValidTabletType(s string) bool { return slices.Contains(tabletTypes, s) }
+
 var (
 	aliasRe  = regexp.MustCompile(`^[A-Za-z0-9_.]+-[A-Za-z0-9_.]+$`)
 	envVarRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	tableRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$`)
-	shardRe  = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
-	identRe  = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-	// sourceTableRe: a source's table name, with or without its schema.
-	sourceTableRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
-	// sinkTableRe: a table of the sink's database, schema.table, each of
-	// identRe (PostgreSQL's unquoted, lower-case form).
-	sinkTableRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}\.[a-z_][a-z0-9_]{0,62}$`)
 )
-
-// MaxSinkTables bounds sink.tables (the config rides in every workflow's
-// history).
-const MaxSinkTables = 1000
 
 // Validate checks every field; Defaults must have run.
 func (s *Stream) Validate() error {
-	if err := s.Source.Validate(); err != nil {
+	if err := checkSection("source", s.Source.Kind, s.Source.Spec, SourceKinds()); err != nil {
 		return err
 	}
-	switch s.Sink.Kind {
-	case "jsonl":
-		switch {
-		case s.Sink.Path == "":
-			return fieldErr("sink.path", "must not be empty for the jsonl sink")
-		case s.Sink.Mode != "" || s.Sink.Schema != "":
-			return fieldErr("sink.mode", "mode and schema are for the postgres sink")
-		case s.Sink.Tables != nil:
-			return fieldErr("sink.tables", "for the postgres sink in apply mode")
-		}
-	case "postgres":
-		switch {
-		case s.Sink.DSNEnv == "":
-			return fieldErr("sink.dsnEnv", "must name the environment variable holding the postgres sink's DSN")
-		case s.Sink.Path != "":
-			return fieldErr("sink.path", "is for the jsonl sink; the postgres sink writes to sink.schema")
-		case s.Sink.Mode != "changelog" && s.Sink.Mode != "apply":
-			return fieldErr("sink.mode", "%q: want \"changelog\" or \"apply\"", s.Sink.Mode)
-		case !identRe.MatchString(s.Sink.Schema):
-			return fieldErr("sink.schema", "%q: want 1 to 63 of a-z, 0-9, _, not starting with a digit", s.Sink.Schema)
-		}
-		if err := s.Sink.validateTables(); err != nil {
-			return err
-		}
-	default:
-		return fieldErr("sink.kind", "%q: want \"jsonl\" or \"postgres\"", s.Sink.Kind)
-	}
-	if s.Sink.DSNEnv != "" && !envVarRe.MatchString(s.Sink.DSNEnv) {
-		return fieldErr("sink.dsnEnv", "%q is not an environment variable name", s.Sink.DSNEnv)
+	if err := checkSection("sink", s.Sink.Kind, s.Sink.Spec, SinkKinds()); err != nil {
+		return err
 	}
 	switch {
-	case s.StartFrom == "snapshot" && s.Source.Kind != "postgres":
-		return fieldErr("startFrom", "\"snapshot\" is for the postgres source")
+	case s.StartFrom == "snapshot" && !SourceKinds()[s.Source.Kind].Snapshot:
+		return fieldErr("startFrom", "\"snapshot\": the %s source cannot start from a copy of its tables", s.Source.Kind)
 	case s.StartFrom != "earliest" && s.StartFrom != "latest" && s.StartFrom != "snapshot":
 		return fieldErr("startFrom", "%q: want \"earliest\", \"latest\" or \"snapshot\"", s.StartFrom)
 	}
@@ -455,129 +358,6 @@ func (s *Stream) Validate() error {
 	for i, e := range s.Exclude {
 		if err := e.Validate(fmt.Sprintf("exclude[%d]", i)); err != nil {
 			return err
-		}
-	}
-	return nil
-}
-
-// validateTables checks a postgres sink's given tables: apply mode only,
-// each source table (with or without its schema) to a schema.table of
-// the sink's database, no two to the same one, none the sink's own
-// tables. Keys are checked in sorted order, so the first error is always
-// the same.
-func (snk Sink) validateTables() error {
-	if snk.Tables == nil {
-		return nil
-	}
-	switch {
-	case snk.Mode != "apply":
-		return fieldErr("sink.tables", "only for mode \"apply\" (changelog mode writes every record to %s.changes)", snk.Schema)
-	case len(snk.Tables) == 0:
-		return fieldErr("sink.tables", "empty: leave it out, or map a source table to a table of the sink's database")
-	case len(snk.Tables) > MaxSinkTables:
-		return fieldErr("sink.tables", "%d tables: at most %d", len(snk.Tables), MaxSinkTables)
-	}
-	targets := map[string]string{}
-	for _, src := range slices.Sorted(maps.Keys(snk.Tables)) {
-		f, dst := fmt.Sprintf("sink.tables[%q]", src), snk.Tables[src]
-		switch {
-		case !sourceTableRe.MatchString(src):
-			return fieldErr(f, "%q is not a source table: want table or schema.table (letters, digits, _)", src)
-		case !sinkTableRe.MatchString(dst):
-			return fieldErr(f, "%q: want schema.table of the sink's database, each 1 to 63 of a-z, 0-9, _, not starting with a digit", dst)
-		case dst == snk.Schema+".changes" || dst == snk.Schema+".checkpoints":
-			return fieldErr(f, "%q is one of the sink's own tables", dst)
-		case targets[dst] != "":
-			return fieldErr(f, "%q is also the table of %s: one source table per table", dst, targets[dst])
-		}
-		targets[dst] = f
-	}
-	return nil
-}
-
-// Validate checks the source section.
-func (src Source) Validate() error {
-	switch src.Kind {
-	case "tabletd":
-		switch {
-		case src.Address == "":
-			return fieldErr("source.address", "must not be empty (host:port of the topology service)")
-		case !strings.Contains(src.Address, ":"):
-			return fieldErr("source.address", "%q: want host:port", src.Address)
-		case src.Keyspace == "":
-			return fieldErr("source.keyspace", "must not be empty")
-		case src.TokenEnv != "" && !envVarRe.MatchString(src.TokenEnv):
-			return fieldErr("source.tokenEnv", "%q is not an environment variable name", src.TokenEnv)
-		case len(src.Shards) > 0:
-			return fieldErr("source.shards", "only for the postgres source (tabletd lists its own tablets)")
-		case src.TLS != nil:
-			if err := src.TLS.Check(); err != nil {
-				return fieldErr("source.tls", "%v", err)
-			}
-		}
-	case "postgres":
-		return src.validatePostgres()
-	default:
-		return fieldErr("source.kind", "%q: want \"tabletd\" or \"postgres\"", src.Kind)
-	}
-	return nil
-}
-
-// validatePostgres checks a postgres source: published tables named
-// schema.table, shards with unique IDs, each with one primary and replicas
-// of unique aliases whose DSNs come from environment variables.
-func (src Source) validatePostgres() error {
-	switch {
-	case src.Address != "" || src.Keyspace != "" || src.TokenEnv != "":
-		return fieldErr("source.address", "address, keyspace and tokenEnv are for tabletd; a postgres source names its servers in shards")
-	case src.TLS != nil:
-		return fieldErr("source.tls", "for tabletd; a postgres source takes its TLS settings in each DSN (sslmode, sslrootcert, sslcert, sslkey)")
-	case len(src.Tables) == 0:
-		return fieldErr("source.tables", "must list the tables to publish, as schema.table")
-	case len(src.Shards) == 0:
-		return fieldErr("source.shards", "must list at least one shard")
-	}
-	for i, t := range src.Tables {
-		if !tableRe.MatchString(t) || slices.Index(src.Tables, t) != i {
-			return fieldErr(fmt.Sprintf("source.tables[%d]", i), "%q: want schema.table (letters, digits, _), each once", t)
-		}
-	}
-	aliases := map[string]string{}
-	for i, sh := range src.Shards {
-		f := fmt.Sprintf("source.shards[%d]", i)
-		if !shardRe.MatchString(sh.ID) {
-			return fieldErr(f+".id", "%q: want 1 to 32 of a-z, 0-9, _ (it names the shard's replication slots)", sh.ID)
-		}
-		for j := range i {
-			if src.Shards[j].ID == sh.ID {
-				return fieldErr(f+".id", "%q repeats source.shards[%d]", sh.ID, j)
-			}
-		}
-		if len(sh.Replicas) == 0 {
-			return fieldErr(f+".replicas", "must list the shard's primary and its standbys")
-		}
-		primaries := 0
-		for j, r := range sh.Replicas {
-			rf := fmt.Sprintf("%s.replicas[%d]", f, j)
-			switch {
-			case !aliasRe.MatchString(r.Alias):
-				return fieldErr(rf+".alias", "%q: want <cell>-<name>", r.Alias)
-			case aliases[r.Alias] != "":
-				return fieldErr(rf+".alias", "%q repeats %s", r.Alias, aliases[r.Alias])
-			case r.Cell == "":
-				return fieldErr(rf+".cell", "must not be empty")
-			case !slices.Contains(tabletTypes, r.Type):
-				return fieldErr(rf+".type", "%q: want PRIMARY, REPLICA or RDONLY", r.Type)
-			case !envVarRe.MatchString(r.DSNEnv):
-				return fieldErr(rf+".dsnEnv", "%q: want the name of the environment variable holding the DSN", r.DSNEnv)
-			}
-			aliases[r.Alias] = rf
-			if r.Type == "PRIMARY" {
-				primaries++
-			}
-		}
-		if primaries != 1 {
-			return fieldErr(f+".replicas", "%d of type PRIMARY: want exactly one (publications are created on it)", primaries)
 		}
 	}
 	return nil

@@ -28,6 +28,14 @@ func walkFields(v any, t reflect.Type, path string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if t == sourceType || t == sinkType {
+		// A source or sink section belongs to its kind's adapter, whose
+		// Check decodes it strictly (Validate).
+		if _, ok := v.(map[string]any); !ok && v != nil {
+			return &FieldError{Field: path, Msg: "wrong type: want a JSON object"}
+		}
+		return nil
+	}
 	switch val := v.(type) {
 	case map[string]any:
 		if t.Kind() == reflect.Map {
@@ -81,7 +89,11 @@ func walkFields(v any, t reflect.Type, path string) error {
 	return nil
 }
 
-var timeType = reflect.TypeFor[time.Time]()
+var (
+	timeType   = reflect.TypeFor[time.Time]()
+	sourceType = reflect.TypeFor[Source]()
+	sinkType   = reflect.TypeFor[Sink]()
+)
 
 func numeric(k reflect.Kind) bool {
 	return k >= reflect.Int && k <= reflect.Float64 || k == reflect.Interface

@@ -13,7 +13,6 @@ func configSeeds() []string {
 	return []string{
 		designExample,
 		minimal(""),
-		"{" + pgSource + "}",
 		minimal(`"batch": {"maxRecords": 100000, "maxWait": "1m", "linger": "0s"}, "run": {"duration": "61s", "heartbeatTimeout": "2m"}`),
 		minimal(`"exclude": [{"alias": "zone1-1", "tablet": "t-1", "ttl": "1h", "expires": "2026-01-02T03:04:05.5+01:00"}]`),
 		minimal(`"batch": {"maxWait": 500}`),

@@ -22,6 +22,7 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 
+	_ "github.com/tabletflow/tabletflow/adapters" // the kinds config.DecodeForStart checks
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/workflows"

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/adapters"
 	"github.com/tabletflow/tabletflow/internal/gomaxprocs"
 	"github.com/tabletflow/tabletflow/internal/timerslack"
 	"github.com/tabletflow/tabletflow/metrics"
@@ -121,6 +122,7 @@ func run() error {
 	}
 
 	res := activities.NewResources()
+	res.NewSource, res.NewSink = adapters.OpenSource, adapters.OpenSink
 	defer res.Close()
 	var gov *gomaxprocs.Governor
 	if *adaptiveProcs {

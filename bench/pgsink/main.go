@@ -54,7 +54,6 @@ import (
 
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
-	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/sink/postgres"
@@ -320,7 +319,7 @@ func (b *bench) close() {
 // runPath runs one path over the workload on fresh storage, and checks
 // what it stored.
 func (b *bench) runPath(ctx context.Context, path string, round int) (pathResult, error) {
-	cfg := config.Sink{Kind: "postgres", DSNEnv: dsnEnv, Mode: "changelog", Schema: config.DefaultSinkSchema}
+	cfg := postgres.Config{Kind: "postgres", DSNEnv: dsnEnv, Mode: "changelog", Schema: postgres.DefaultSchema}
 	if path == pathApply {
 		cfg.Mode, cfg.Schema = "apply", applySchema
 	}
@@ -354,7 +353,7 @@ func (b *bench) runRaw(ctx context.Context) (pathResult, error) {
 }
 
 // runSink runs the PostgreSQL sink, in cfg's mode.
-func (b *bench) runSink(ctx context.Context, cfg config.Sink) (pathResult, error) {
+func (b *bench) runSink(ctx context.Context, cfg postgres.Config) (pathResult, error) {
 	dsn := b.primary().DSN()
 	s, err := postgres.New(ctx, cfg, stream, func(k string) string {
 		if k == dsnEnv {

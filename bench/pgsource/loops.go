@@ -138,8 +138,8 @@ func (f flowRun) result(records, firstCount uint64) loopResult {
 func (b *bench) flow(ctx context.Context, dir string, start source.Checkpoint, last pglogrepl.LSN) (flowRun, error) {
 	var res flowRun
 	cfg, err := json.Marshal(config.Stream{
-		Source:    b.srcCfg,
-		Sink:      config.Sink{Kind: "jsonl", Path: dir},
+		Source:    b.srcCfg.Section(),
+		Sink:      jsonl.Config{Path: dir}.Section(),
 		Selection: config.Selection{TabletTypes: []string{string(source.TypeReplica)}},
 		Batch:     config.Batch{MaxRecords: b.batch, MaxWait: config.Duration(maxWait)},
 		Run:       config.Run{Duration: config.Duration(time.Minute), HeartbeatTimeout: config.Duration(10 * time.Second)},

@@ -64,6 +64,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.temporal.io/sdk/client"
 
+	_ "github.com/tabletflow/tabletflow/adapters" // the kinds config.Decode checks
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
@@ -90,8 +91,8 @@ const (
 
 // The shard's replicas as the stream's config names them.
 var (
-	primary = config.ShardReplica{Alias: "zone1-s1p", Cell: "zone1", Type: string(source.TypePrimary), DSNEnv: "TF_BENCH_S1_P_DSN"}
-	standby = config.ShardReplica{Alias: "zone2-s1a", Cell: "zone2", Type: string(source.TypeReplica), DSNEnv: "TF_BENCH_S1_A_DSN"}
+	primary = postgres.ShardReplica{Alias: "zone1-s1p", Cell: "zone1", Type: string(source.TypePrimary), DSNEnv: "TF_BENCH_S1_P_DSN"}
+	standby = postgres.ShardReplica{Alias: "zone2-s1a", Cell: "zone2", Type: string(source.TypeReplica), DSNEnv: "TF_BENCH_S1_A_DSN"}
 )
 
 type result struct {
@@ -316,7 +317,7 @@ type bench struct {
 	bed      *pgbed.Cluster
 	server   *testbed.DevServer
 	temporal client.Client
-	srcCfg   config.Source
+	srcCfg   postgres.Config
 	env      map[string]string // DSN variables, for the adapter and the worker
 	src      *postgres.Source
 	admin    *pgx.Conn // superuser on the standby: slot positions, walsender pids
@@ -351,8 +352,8 @@ func (b *bench) start(ctx context.Context, dir string) error {
 	}
 	sh := b.shard()
 	b.env = map[string]string{primary.DSNEnv: sh.Primary.DSN(), standby.DSNEnv: sh.Standbys[0].DSN()}
-	b.srcCfg = config.Source{Kind: "postgres", Tables: pgbed.Tables,
-		Shards: []config.Shard{{ID: shardID, Replicas: []config.ShardReplica{primary, standby}}}}
+	b.srcCfg = postgres.Config{Tables: pgbed.Tables,
+		Shards: []postgres.Shard{{ID: shardID, Replicas: []postgres.ShardReplica{primary, standby}}}}
 	if b.src, err = postgres.New(b.srcCfg, func(k string) string { return b.env[k] }); err != nil {
 		return err
 	}

@@ -24,7 +24,9 @@ import (
 	"syscall"
 	"time"
 
+	_ "github.com/tabletflow/tabletflow/adapters" // the kinds config.Decode checks
 	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source/postgres"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 )
 
@@ -107,16 +109,16 @@ func run() error {
 // address, without the password.
 func describe(c *pgbed.Cluster, out string) (env string, cfg []byte, err error) {
 	var lines strings.Builder
-	var shards []config.Shard
+	var shards []postgres.Shard
 	for i, s := range c.Shards {
-		sh := config.Shard{ID: fmt.Sprintf("s%d", i+1)}
+		sh := postgres.Shard{ID: fmt.Sprintf("s%d", i+1)}
 		for j, n := range s.Nodes() {
 			role, typ, key := "p", "PRIMARY", "PRIMARY"
 			if j > 0 {
 				role, typ = string(rune('a'+j-1)), "REPLICA"
 				key = "STANDBY_" + strings.ToUpper(role)
 			}
-			r := config.ShardReplica{
+			r := postgres.ShardReplica{
 				Alias:  fmt.Sprintf("zone%d-%s%s", j+1, sh.ID, role),
 				Cell:   fmt.Sprintf("zone%d", j+1),
 				Type:   typ,

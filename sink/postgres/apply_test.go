@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
 	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
 	"github.com/tabletflow/tabletflow/source"
@@ -31,7 +30,7 @@ func rec(pos uint64, op source.Op, key, after string) source.Record {
 func TestApplyModeKeepsTheCurrentRowsAndFailsWholeOnAMisfit(t *testing.T) {
 	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
 	ctx := context.Background()
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "mirror"}
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "mirror"}
 	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
 	require.NoError(t, err)
 	defer s.Close()
@@ -97,7 +96,7 @@ func TestApplyModeKeepsTheCurrentRowsAndFailsWholeOnAMisfit(t *testing.T) {
 func TestApplyModeSharesMirrorTablesAcrossInstancesAndTablets(t *testing.T) {
 	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
 	ctx := context.Background()
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "shared"}
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "shared"}
 	open := func() sink.Sink {
 		s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
 		require.NoError(t, err)
@@ -153,7 +152,7 @@ func TestApplyModeSharesMirrorTablesAcrossInstancesAndTablets(t *testing.T) {
 func TestApplyModeInstancesRacingToMakeTablesAllCommit(t *testing.T) {
 	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
 	ctx := context.Background()
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "raced"}
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "raced"}
 	const instances, tables = 6, 20
 	var wg sync.WaitGroup
 	errs := make(chan error, instances)
@@ -200,7 +199,7 @@ func TestApplyModeInstancesRacingToMakeTablesAllCommit(t *testing.T) {
 func TestApplyModeFencesAStaleWriterAndSkipsAReReadBatch(t *testing.T) {
 	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
 	ctx := context.Background()
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "fenced"}
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "fenced"}
 	open := func() sink.Sink {
 		s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
 		require.NoError(t, err)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
 	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
 	"github.com/tabletflow/tabletflow/source"
@@ -52,7 +51,7 @@ func TestApplyModeWritesAGivenTableInItsColumnTypes(t *testing.T) {
 	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
 	ctx := context.Background()
 	require.NoError(t, db.Exec(ctx, givenOrders))
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf",
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf",
 		Tables: map[string]string{"public.orders": "app.orders"}}
 	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
 	require.NoError(t, err)
@@ -111,7 +110,7 @@ func TestApplyModeRefusesRecordsThatDoNotFitAGivenTableWritingNothing(t *testing
 	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
 	ctx := context.Background()
 	require.NoError(t, db.Exec(ctx, givenOrders))
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf", Tables: map[string]string{
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf", Tables: map[string]string{
 		"public.orders": "app.orders", "public.gone": "app.gone", "public.nokey": "app.nokey"}}
 	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
 	require.NoError(t, err)

@@ -24,7 +24,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/source"
 )
@@ -53,15 +52,18 @@ var _ sink.Sink = (*Sink)(nil)
 // New connects to the DSN in the environment variable cfg.DSNEnv (getenv
 // nil: os.Getenv) and makes the sink's schema and tables if they are not
 // there. A variable that is not set is an error naming it (never a value).
-func New(ctx context.Context, cfg config.Sink, stream string, getenv func(string) string) (*Sink, error) {
+func New(ctx context.Context, cfg Config, stream string, getenv func(string) string) (*Sink, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	if cfg.Mode != "changelog" && cfg.Mode != "apply" {
-		return nil, fmt.Errorf("sink.mode: %q: want changelog or apply", cfg.Mode)
+	if cfg.Mode == "" {
+		cfg.Mode = "changelog"
 	}
-	if len(cfg.Tables) > 0 && cfg.Mode != "apply" {
-		return nil, fmt.Errorf("sink.tables: only for mode apply")
+	if cfg.Schema == "" {
+		cfg.Schema = DefaultSchema
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("sink.%w", err) // the field's path within the section
 	}
 	dsn := getenv(cfg.DSNEnv)
 	if dsn == "" {

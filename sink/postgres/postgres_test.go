@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
 	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
 	"github.com/tabletflow/tabletflow/sink/sinktest"
@@ -30,7 +29,7 @@ func TestContract(t *testing.T) {
 	n := 0
 	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
 		n++
-		cfg := config.Sink{Kind: "postgres", DSNEnv: "SINK_DSN", Mode: "changelog", Schema: fmt.Sprintf("contract_%d", n)}
+		cfg := pgsink.Config{Kind: "postgres", DSNEnv: "SINK_DSN", Mode: "changelog", Schema: fmt.Sprintf("contract_%d", n)}
 		ctx := context.Background()
 		exec := func(t *testing.T, q string, args ...any) {
 			require.NoError(t, db.Exec(ctx, q, args...))
@@ -95,7 +94,7 @@ func TestWrongCredentialsAreDenied(t *testing.T) {
 	ctx := context.Background()
 	bad := strings.Replace(db.DSN(), pgbed.Password, "wrong-password", 1)
 	require.NotEqual(t, db.DSN(), bad)
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "SINK_DSN", Mode: "changelog", Schema: "tf"}
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "SINK_DSN", Mode: "changelog", Schema: "tf"}
 	_, err := pgsink.New(ctx, cfg, stream, func(string) string { return bad })
 	require.ErrorIs(t, err, sink.ErrDenied)
 	_, err = pgsink.New(ctx, cfg, stream, func(string) string { return "" })
@@ -115,7 +114,7 @@ func TestMissingPermissionIsDeniedWithTheReason(t *testing.T) {
 	require.NoError(t, db.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD '`+password+`'`))
 	weak := strings.Replace(db.DSN(), pgbed.User+":"+pgbed.Password, role+":"+password, 1)
 	require.NotEqual(t, db.DSN(), weak)
-	newSink := func(cfg config.Sink) (sink.Sink, error) {
+	newSink := func(cfg pgsink.Config) (sink.Sink, error) {
 		s, err := pgsink.New(ctx, cfg, stream, func(string) string { return weak })
 		if err == nil {
 			t.Cleanup(func() { _ = s.Close() })
@@ -132,7 +131,7 @@ func TestMissingPermissionIsDeniedWithTheReason(t *testing.T) {
 	}
 
 	t.Run("no CREATE on the database", func(t *testing.T) {
-		_, err := newSink(config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_weak"})
+		_, err := newSink(pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_weak"})
 		requireDenied(t, err, "database postgres")
 	})
 
@@ -140,14 +139,14 @@ func TestMissingPermissionIsDeniedWithTheReason(t *testing.T) {
 		// The sink's schema and tables made by their owner; the role may
 		// use them (no CREATE on the database or the schema: it need not
 		// make them), but not add a checkpoint row.
-		owner, err := pgsink.New(ctx, config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_shared"}, stream,
+		owner, err := pgsink.New(ctx, pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_shared"}, stream,
 			func(string) string { return db.DSN() })
 		require.NoError(t, err)
 		require.NoError(t, owner.Close())
 		require.NoError(t, db.Exec(ctx, `GRANT USAGE ON SCHEMA tf_shared TO `+role+`;
 			GRANT SELECT, UPDATE ON tf_shared.checkpoints TO `+role+`;
 			GRANT SELECT, INSERT ON tf_shared.changes TO `+role))
-		s, err := newSink(config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_shared"})
+		s, err := newSink(pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "tf_shared"})
 		require.NoError(t, err, "the tables are there: nothing to create")
 		_, err = s.Open(ctx, "t-0001")
 		requireDenied(t, err, "table checkpoints")
@@ -158,7 +157,7 @@ func TestMissingPermissionIsDeniedWithTheReason(t *testing.T) {
 			GRANT CREATE ON DATABASE postgres TO `+role+`;
 			CREATE TABLE app.orders (id bigint PRIMARY KEY, amount numeric);
 			GRANT SELECT ON app.orders TO `+role))
-		s, err := newSink(config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf_apply",
+		s, err := newSink(pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf_apply",
 			Tables: map[string]string{"public.orders": "app.orders"}})
 		require.NoError(t, err)
 		w, err := s.Open(ctx, "t-0001")
@@ -177,7 +176,7 @@ func TestMissingPermissionIsDeniedWithTheReason(t *testing.T) {
 func TestDigestCountsRowsRepeatingAPosition(t *testing.T) {
 	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
 	ctx := context.Background()
-	cfg := config.Sink{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "dup"}
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "changelog", Schema: "dup"}
 	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
 	require.NoError(t, err)
 	defer s.Close()

@@ -37,7 +37,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/source"
 )
 
@@ -60,7 +59,7 @@ const (
 
 // Source is a set of PostgreSQL shards. It is safe for concurrent use.
 type Source struct {
-	cfg    config.Source
+	cfg    Config
 	shards []*shard
 
 	mu      sync.Mutex
@@ -80,7 +79,7 @@ type shard struct {
 // use.
 type replica struct {
 	shard string
-	cfg   config.ShardReplica
+	cfg   ShardReplica
 	dsn   string
 	host  string
 
@@ -94,12 +93,9 @@ var _ source.Source = (*Source)(nil)
 // from the environment variable it names (getenv nil: os.Getenv). A
 // variable that is not set, or holds a DSN that does not parse, is an
 // error naming the variable (never its value).
-func New(cfg config.Source, getenv func(string) string) (*Source, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if cfg.Kind != "postgres" {
-		return nil, fmt.Errorf("source.kind: %q is not postgres", cfg.Kind)
+func New(cfg Config, getenv func(string) string) (*Source, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("source.%w", err) // the field's path within the section
 	}
 	if getenv == nil {
 		getenv = os.Getenv

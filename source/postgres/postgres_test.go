@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/postgres"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
@@ -24,17 +23,17 @@ import (
 type bed struct {
 	c   *pgbed.Cluster
 	src *postgres.Source
-	cfg config.Source
+	cfg postgres.Config
 }
 
 func newBed(t *testing.T, opts pgbed.Options) *bed {
 	t.Helper()
 	c := pgbed.StartT(t, opts)
 	env := map[string]string{}
-	cfg := config.Source{Kind: "postgres", Tables: pgbed.Tables}
+	cfg := postgres.Config{Tables: pgbed.Tables}
 	for i, sh := range c.Shards {
 		id := fmt.Sprintf("s%d", i+1)
-		s := config.Shard{ID: id}
+		s := postgres.Shard{ID: id}
 		for j, n := range sh.Nodes() {
 			cell, role, typ := fmt.Sprintf("zone%d", j+1), string(rune('a'+j-1)), "REPLICA"
 			if j == 0 {
@@ -42,7 +41,7 @@ func newBed(t *testing.T, opts pgbed.Options) *bed {
 			}
 			dsnEnv := strings.ToUpper(fmt.Sprintf("%s_%s_DSN", id, role))
 			env[dsnEnv] = n.DSN()
-			s.Replicas = append(s.Replicas, config.ShardReplica{Alias: cell + "-" + id + role, Cell: cell, Type: typ, DSNEnv: dsnEnv})
+			s.Replicas = append(s.Replicas, postgres.ShardReplica{Alias: cell + "-" + id + role, Cell: cell, Type: typ, DSNEnv: dsnEnv})
 		}
 		cfg.Shards = append(cfg.Shards, s)
 	}
@@ -243,8 +242,8 @@ func TestAReplicaOnAnotherTimelineNeverServesTheStreamsCheckpoints(t *testing.T)
 	require.NoError(t, ask(b.src, primary), "the old primary, on the stream's timeline, still serves c1")
 
 	// After the failover the config lists the promoted server alone.
-	after := config.Source{Kind: "postgres", Tables: pgbed.Tables, Shards: []config.Shard{{ID: "s1",
-		Replicas: []config.ShardReplica{{Alias: standby, Cell: "zone2", Type: "PRIMARY", DSNEnv: "S1_DSN"}}}}}
+	after := postgres.Config{Tables: pgbed.Tables, Shards: []postgres.Shard{{ID: "s1",
+		Replicas: []postgres.ShardReplica{{Alias: standby, Cell: "zone2", Type: "PRIMARY", DSNEnv: "S1_DSN"}}}}}
 	src, err := postgres.New(after, func(string) string { return sb.DSN() })
 	require.NoError(t, err)
 	defer src.Close()

@@ -1,10 +1,15 @@
-package config
+package adapters_test
 
 import (
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/adapters"
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/sink/postgres"
+	pgsource "github.com/tabletflow/tabletflow/source/postgres"
 )
 
 // pgSource is the postgres source of the issue's example: one shard with a
@@ -16,13 +21,17 @@ const pgSource = `"source": {"kind": "postgres", "tables": ["public.orders", "pu
   "sink": {"kind": "jsonl", "path": "/var/lib/tabletflow/orders"}`
 
 func TestDecodeAcceptsAPostgresSource(t *testing.T) {
-	got, err := Decode([]byte("{" + pgSource + "}"))
+	got, err := config.Decode([]byte("{" + pgSource + "}"))
 	require.NoError(t, err)
-	require.Equal(t, Source{Kind: "postgres", Tables: []string{"public.orders", "public.items"}, Shards: []Shard{{
-		ID: "s1", Replicas: []ShardReplica{
+	require.Equal(t, "postgres", got.Source.Kind)
+	require.Equal(t, []string{"public.orders", "public.items"}, got.Source.Tables)
+	c, err := pgsource.ParseConfig(got.Source.Spec)
+	require.NoError(t, err)
+	require.Equal(t, pgsource.Config{Kind: "postgres", Tables: []string{"public.orders", "public.items"}, Shards: []pgsource.Shard{{
+		ID: "s1", Replicas: []pgsource.ShardReplica{
 			{Alias: "zone1-s1", Cell: "zone1", Type: "PRIMARY", DSNEnv: "S1_PRIMARY_DSN"},
 			{Alias: "zone2-s1", Cell: "zone2", Type: "REPLICA", DSNEnv: "S1_STANDBY_DSN"},
-		}}}}, got.Source)
+		}}}}, c)
 }
 
 func TestDecodeRejectsBadPostgresSourcesNamingTheField(t *testing.T) {
@@ -56,15 +65,15 @@ func TestDecodeRejectsBadPostgresSourcesNamingTheField(t *testing.T) {
 		{name: "bad type", in: edit(`"type": "REPLICA"`, `"type": "STANDBY"`), wantPrefix: `source.shards[0].replicas[1].type: "STANDBY": want PRIMARY, REPLICA or RDONLY`},
 		{name: "two primaries", in: edit(`"type": "REPLICA"`, `"type": "PRIMARY"`), wantPrefix: "source.shards[0].replicas: 2 of type PRIMARY: want exactly one"},
 		{name: "no primary", in: edit(`"type": "PRIMARY"`, `"type": "REPLICA"`), wantPrefix: "source.shards[0].replicas: 0 of type PRIMARY"},
-		{name: "tabletd address on postgres", in: edit(`"kind": "postgres",`, `"kind": "postgres", "address": "h:1",`), wantPrefix: "source.address: address, keyspace and tokenEnv are for tabletd"},
-		{name: "tls on postgres", in: edit(`"kind": "postgres",`, `"kind": "postgres", "tls": {"ca": "/ca.pem"},`), wantPrefix: "source.tls: for tabletd; a postgres source takes its TLS settings in each DSN"},
+		{name: "tabletd address on postgres", in: edit(`"kind": "postgres",`, `"kind": "postgres", "address": "h:1",`), wantPrefix: "source.address: unknown field"},
+		{name: "tls on postgres", in: edit(`"kind": "postgres",`, `"kind": "postgres", "tls": {"ca": "/ca.pem"},`), wantPrefix: "source.tls: unknown field"},
 		{name: "shards on tabletd", in: `{"source": {"kind": "tabletd", "address": "h:1", "keyspace": "k", "shards": [{"id": "s1", "replicas": []}]}, "sink": {"kind": "jsonl", "path": "/x"}}`,
-			wantPrefix: "source.shards: only for the postgres source"},
-		{name: "unknown kind", in: edit(`"kind": "postgres"`, `"kind": "mysql"`), wantPrefix: `source.kind: "mysql": want "tabletd" or "postgres"`},
+			wantPrefix: "source.shards: unknown field"},
+		{name: "unknown kind", in: edit(`"kind": "postgres"`, `"kind": "mysql"`), wantPrefix: `source.kind: "mysql": want "postgres" or "tabletd"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := Decode([]byte(tt.in))
+			got, err := config.Decode([]byte(tt.in))
 			require.Error(t, err)
 			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
 			require.Zero(t, got)
@@ -74,27 +83,29 @@ func TestDecodeRejectsBadPostgresSourcesNamingTheField(t *testing.T) {
 
 func TestDecodeRejectsARepeatedShard(t *testing.T) {
 	in := strings.Replace("{"+pgSource+"}", `"shards": [`, `"shards": [{"id": "s1", "replicas": [{"alias": "zone1-a", "cell": "zone1", "type": "PRIMARY", "dsnEnv": "A"}]}, `, 1)
-	_, err := Decode([]byte(in))
+	_, err := config.Decode([]byte(in))
 	require.ErrorContains(t, err, `source.shards[1].id: "s1" repeats source.shards[0]`)
 }
 
 func TestDecodeAPostgresSinkFillsDefaultsAndRejectsWhatDoesNotFit(t *testing.T) {
 	src := `"source": {"kind": "tabletd", "address": "h:1", "keyspace": "k"}`
-	got, err := Decode([]byte(`{` + src + `, "sink": {"kind": "postgres", "dsnEnv": "TABLETFLOW_SINK_DSN"}}`))
+	got, err := config.Decode([]byte(`{` + src + `, "sink": {"kind": "postgres", "dsnEnv": "TABLETFLOW_SINK_DSN"}}`))
 	require.NoError(t, err)
-	require.Equal(t, Sink{Kind: "postgres", DSNEnv: "TABLETFLOW_SINK_DSN", Mode: "changelog", Schema: "tabletflow"}, got.Sink)
+	c, err := postgres.ParseConfig(got.Sink.Spec)
+	require.NoError(t, err)
+	require.Equal(t, postgres.Config{Kind: "postgres", DSNEnv: "TABLETFLOW_SINK_DSN", Mode: "changelog", Schema: "tabletflow"}, c)
 
 	for _, tt := range []struct{ name, sink, wantPrefix string }{
 		{"no dsnEnv", `{"kind": "postgres"}`, "sink.dsnEnv: must name the environment variable"},
 		{"a DSN in dsnEnv", `{"kind": "postgres", "dsnEnv": "postgres://u:pw@h/db"}`, `sink.dsnEnv: "postgres://u:pw@h/db" is not an environment variable name`},
-		{"a path", `{"kind": "postgres", "dsnEnv": "D", "path": "/x"}`, "sink.path: is for the jsonl sink"},
+		{"a path", `{"kind": "postgres", "dsnEnv": "D", "path": "/x"}`, "sink.path: unknown field"},
 		{"unknown mode", `{"kind": "postgres", "dsnEnv": "D", "mode": "mirror"}`, `sink.mode: "mirror": want "changelog" or "apply"`},
 		{"schema with a capital", `{"kind": "postgres", "dsnEnv": "D", "schema": "Tf"}`, `sink.schema: "Tf": want 1 to 63 of a-z`},
-		{"mode on jsonl", `{"kind": "jsonl", "path": "/x", "mode": "changelog"}`, "sink.mode: mode and schema are for the postgres sink"},
+		{"mode on jsonl", `{"kind": "jsonl", "path": "/x", "mode": "changelog"}`, "sink.mode: unknown field"},
 		{"unknown kind", `{"kind": "kafka"}`, `sink.kind: "kafka": want "jsonl" or "postgres"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Decode([]byte(`{` + src + `, "sink": ` + tt.sink + `}`))
+			_, err := config.Decode([]byte(`{` + src + `, "sink": ` + tt.sink + `}`))
 			require.Error(t, err)
 			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
 		})
@@ -106,16 +117,18 @@ func TestDecodeAPostgresSinksGivenTablesNamingTheFieldAtFault(t *testing.T) {
 	apply := func(tables string) string {
 		return `{` + src + `, "sink": {"kind": "postgres", "dsnEnv": "D", "mode": "apply", "tables": ` + tables + `}}`
 	}
-	got, err := Decode([]byte(apply(`{"public.orders": "app.orders", "items": "app.items"}`)))
+	got, err := config.Decode([]byte(apply(`{"public.orders": "app.orders", "items": "app.items"}`)))
 	require.NoError(t, err)
-	require.Equal(t, map[string]string{"public.orders": "app.orders", "items": "app.items"}, got.Sink.Tables)
+	c, err := postgres.ParseConfig(got.Sink.Spec)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"public.orders": "app.orders", "items": "app.items"}, c.Tables)
 
 	for _, tt := range []struct{ name, in, wantPrefix string }{
 		// Changelog mode writes every record to one change table.
 		{"changelog mode", `{` + src + `, "sink": {"kind": "postgres", "dsnEnv": "D", "tables": {"public.a": "app.a"}}}`,
 			`sink.tables: only for mode "apply"`},
 		{"jsonl sink", `{` + src + `, "sink": {"kind": "jsonl", "path": "/x", "tables": {"public.a": "app.a"}}}`,
-			"sink.tables: for the postgres sink in apply mode"},
+			"sink.tables: unknown field"},
 		{"empty", apply(`{}`), "sink.tables: empty"},
 		{"not an object", apply(`["app.a"]`), "sink.tables: wrong type: got JSON array"},
 		{"target not a string", apply(`{"public.a": "app.a", "public.b": 1}`), `sink.tables["public.b"]: wrong type: got JSON number, want string`},
@@ -131,9 +144,74 @@ func TestDecodeAPostgresSinksGivenTablesNamingTheFieldAtFault(t *testing.T) {
 		{"the sink's changes", apply(`{"public.a": "tabletflow.changes"}`), `sink.tables["public.a"]: "tabletflow.changes" is one of the sink's own tables`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Decode([]byte(tt.in))
+			_, err := config.Decode([]byte(tt.in))
 			require.Error(t, err)
 			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
 		})
 	}
+}
+
+// TestDecodeRejectsBadTabletdAndJSONLSectionsNamingTheField: each adapter
+// checks its own section, and the error names the field in the stream's
+// config.
+func TestDecodeRejectsBadTabletdAndJSONLSectionsNamingTheField(t *testing.T) {
+	tests := []struct {
+		name, in, wantPrefix string
+	}{
+		// A source kind the worker has no adapter for.
+		{name: "unknown source kind", in: `{"source": {"kind": "kafka", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: `source.kind: "kafka": want "postgres" or "tabletd"`},
+		// The topology address is required.
+		{name: "missing source address", in: `{"source": {"kind": "tabletd", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.address:"},
+		// ... and must be host:port.
+		{name: "source address without port", in: `{"source": {"kind": "tabletd", "address": "localhost", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.address:"},
+		// The keyspace is required.
+		{name: "missing keyspace", in: `{"source": {"kind": "tabletd", "address": "a:1"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.keyspace:"},
+		// tokenEnv names a variable; it is not the token.
+		{name: "token instead of env name", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k", "tokenEnv": "s3cr3t token"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.tokenEnv:"},
+		// A client certificate without its key (or the reverse) cannot do mutual TLS.
+		{name: "tls cert without key", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k", "tls": {"ca": "/ca.pem", "cert": "/c.pem"}}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.tls: cert and key go together"},
+		// TLS files are paths, named by fields the decoder knows.
+		{name: "tls unknown field", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k", "tls": {"caFile": "/ca.pem"}}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: "source.tls.caFile: unknown field"},
+		// A sink kind there is no adapter for.
+		{name: "unknown sink kind", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "kafka"}}`,
+			wantPrefix: `sink.kind: "kafka": want "jsonl" or "postgres"`},
+		// No sink at all.
+		{name: "missing sink", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}}`, wantPrefix: "sink.kind:"},
+		// The JSONL sink needs a directory.
+		{name: "jsonl without path", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "jsonl"}}`,
+			wantPrefix: "sink.path:"},
+		// dsnEnv names a variable; a DSN in the config would leak into histories.
+		{name: "dsn instead of env name", in: `{"source": {"kind": "tabletd", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x", "dsnEnv": "postgres://u:p@h/db"}}`,
+			wantPrefix: "sink.dsnEnv: unknown field"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := config.Decode([]byte(tt.in))
+			require.Error(t, err)
+			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
+			require.Zero(t, got)
+		})
+	}
+}
+
+// TestEveryAdapterIsRegisteredAndOpensOnlyItsKind: the lists are what
+// config.Decode checks with, and a kind no adapter has is a config error.
+func TestEveryAdapterIsRegisteredAndOpensOnlyItsKind(t *testing.T) {
+	for _, a := range adapters.Sources {
+		require.Contains(t, config.SourceKinds(), a.Name)
+	}
+	for _, a := range adapters.Sinks {
+		require.Contains(t, config.SinkKinds(), a.Name)
+	}
+	_, err := adapters.OpenSource(config.Source{Kind: "kafka"})
+	require.ErrorIs(t, err, config.ErrUnknownKind)
+	_, err = adapters.OpenSink(config.Sink{Kind: "kafka"}, "s")
+	require.ErrorIs(t, err, config.ErrUnknownKind)
 }

@@ -1,0 +1,14 @@
+package source
+
+import "github.com/tabletflow/tabletflow/config"
+
+// Adapter is one kind of source as the programs that run streams see it:
+// its part of the stream config (decoded and checked by config.Decode
+// once registered) and how to open it. Each adapter package exports one;
+// package adapters lists them.
+type Adapter struct {
+	config.Kind
+	// Open returns a client for a checked source section. It does not
+	// need to connect: the first call may.
+	Open func(cfg config.Source) (Source, error)
+}

@@ -1,0 +1,134 @@
+package postgres
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// Config is the source section of a stream that reads sharded PostgreSQL
+// (docs/sources/postgres.md).
+type Config struct {
+	Kind string `json:"kind"`
+	// Tables to publish, as schema.table.
+	Tables []string `json:"tables"`
+	// Shards are the stream's tablets.
+	Shards []Shard `json:"shards"`
+}
+
+// Shard is one PostgreSQL shard: a tablet of the stream.
+type Shard struct {
+	ID       string         `json:"id"`
+	Replicas []ShardReplica `json:"replicas"`
+}
+
+// ShardReplica is one server of a shard. Its DSN is read by the worker
+// from the environment variable DSNEnv, never stored in the config.
+type ShardReplica struct {
+	Alias  string `json:"alias"`
+	Cell   string `json:"cell"`
+	Type   string `json:"type"`
+	DSNEnv string `json:"dsnEnv"`
+}
+
+// Adapter is the PostgreSQL source's kind "postgres".
+var Adapter = source.Adapter{
+	Kind: config.Kind{Name: "postgres", Config: Config{}, Snapshot: true, Check: func(section []byte) error {
+		_, err := ParseConfig(section)
+		return err
+	}},
+	Open: func(cfg config.Source) (source.Source, error) {
+		c, err := ParseConfig(cfg.Spec)
+		if err != nil {
+			return nil, fmt.Errorf("source: %w", err)
+		}
+		return New(c, nil)
+	},
+}
+
+// Section is the source section that c encodes to.
+func (c Config) Section() config.Source {
+	c.Kind = Adapter.Name
+	s, err := config.SourceSection(c)
+	if err != nil {
+		// A Config is plain strings and slices: it always encodes.
+		panic(fmt.Sprintf("postgres: encode config: %v", err))
+	}
+	return s
+}
+
+var (
+	tableRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$`)
+	shardRe = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
+)
+
+// ParseConfig decodes a source section strictly and validates it: published
+// tables named schema.table, shards with unique IDs, each with one primary
+// and replicas of unique aliases whose DSNs come from environment
+// variables. Errors name the field within the section.
+func ParseConfig(section []byte) (Config, error) {
+	var c Config
+	if err := config.DecodeStrict(section, &c); err != nil {
+		return Config{}, err
+	}
+	if err := c.validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func (c Config) validate() error {
+	switch {
+	case len(c.Tables) == 0:
+		return config.FieldErr("tables", "must list the tables to publish, as schema.table")
+	case len(c.Shards) == 0:
+		return config.FieldErr("shards", "must list at least one shard")
+	}
+	for i, t := range c.Tables {
+		if !tableRe.MatchString(t) || slices.Index(c.Tables, t) != i {
+			return config.FieldErr(fmt.Sprintf("tables[%d]", i), "%q: want schema.table (letters, digits, _), each once", t)
+		}
+	}
+	aliases := map[string]string{}
+	for i, sh := range c.Shards {
+		f := fmt.Sprintf("shards[%d]", i)
+		if !shardRe.MatchString(sh.ID) {
+			return config.FieldErr(f+".id", "%q: want 1 to 32 of a-z, 0-9, _ (it names the shard's replication slots)", sh.ID)
+		}
+		for j := range i {
+			if c.Shards[j].ID == sh.ID {
+				return config.FieldErr(f+".id", "%q repeats source.shards[%d]", sh.ID, j)
+			}
+		}
+		if len(sh.Replicas) == 0 {
+			return config.FieldErr(f+".replicas", "must list the shard's primary and its standbys")
+		}
+		primaries := 0
+		for j, r := range sh.Replicas {
+			rf := fmt.Sprintf("%s.replicas[%d]", f, j)
+			switch {
+			case !config.ValidAlias(r.Alias):
+				return config.FieldErr(rf+".alias", "%q: want <cell>-<name>", r.Alias)
+			case aliases[r.Alias] != "":
+				return config.FieldErr(rf+".alias", "%q repeats source.%s", r.Alias, aliases[r.Alias])
+			case r.Cell == "":
+				return config.FieldErr(rf+".cell", "must not be empty")
+			case !config.ValidTabletType(r.Type):
+				return config.FieldErr(rf+".type", "%q: want PRIMARY, REPLICA or RDONLY", r.Type)
+			case !config.ValidEnvName(r.DSNEnv):
+				return config.FieldErr(rf+".dsnEnv", "%q: want the name of the environment variable holding the DSN", r.DSNEnv)
+			}
+			aliases[r.Alias] = rf
+			if r.Type == "PRIMARY" {
+				primaries++
+			}
+		}
+		if primaries != 1 {
+			return config.FieldErr(f+".replicas", "%d of type PRIMARY: want exactly one (publications are created on it)", primaries)
+		}
+	}
+	return nil
+}
