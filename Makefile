@@ -93,24 +93,24 @@ fuzz: ## every fuzz target for FUZZTIME each (default 30s; make fuzz FUZZTIME=5m
 		fi; \
 	done
 
-bench: build $(BIN)/temporal ## issue 11's benchmarks, timed into bench/results/run.json (goal 20 min); results into bench/results, the README's table and plots
+bench: build $(BIN)/temporal ## the benchmarks of docs/benchmarks.md, timed into bench/results/run.json; results, summary.md, a row in runs.md and plots into bench/results
 	mkdir -p bench/results
 	go run ./bench/report --results bench/results --begin-run "make bench"
 	BENCH_RESULTS=$(CURDIR)/bench/results go test -run '^$$' -bench GetChanges -benchtime 3s ./tabletd/cluster/
 	go run ./bench/throughput --bin $(BIN) --measure-events 60s --idle 20s --out bench/results/throughput.json
 	go run ./bench/reaction --bin $(BIN) --out bench/results/reaction.json
 	go run ./bench/scale --bin $(BIN) --tablets 1000 --steady 90s --out bench/results/scale.json
-	go run ./bench/report --results bench/results --readme README.md --end-run
+	go run ./bench/report --results bench/results --end-run
 
 bench-postgres: build $(BIN)/temporal pg ## the PostgreSQL source and sink against raw loops (~5 min); bench/results/pgsource.json, pgsink.json
 	mkdir -p bench/results
 	go run ./bench/pgsource --bin $(BIN) --out bench/results/pgsource.json
 	go run ./bench/pgsink --out bench/results/pgsink.json
-	go run ./bench/report --results bench/results --readme README.md
+	go run ./bench/report --results bench/results
 
 bench-full: bench-postgres ## the long cases: the PostgreSQL comparisons, then one stream of 5000 tablets until every tablet streams and 5 min steady (~35 min); bench/results/scale-5000.json
 	go run ./bench/scale --bin $(BIN) --tablets 5000 --out bench/results/scale-5000.json
-	go run ./bench/report --results bench/results --readme README.md
+	go run ./bench/report --results bench/results
 
 soak: build ## tabletd memory soak: 64 tablets × 3 replicas, 20k records/s, 10 minutes
 	mkdir -p bench/results

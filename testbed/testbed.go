@@ -166,9 +166,10 @@ type DevServer struct {
 // of the machine can lose the last commits. With the dev server's own
 // settings every persistence write waits for an fsync and the single
 // database serialises them all, so on a slow disk the server, not
-// tabletflow, sets the pace (a test with 72 tablet workflows took 359 s
-// with the defaults and 113 s in WAL mode, on a day this machine's disk
-// was slow).
+// tabletflow, sets the pace. The benchmarks that start a dev server
+// (bench/throughput, bench/reaction, bench/scale, bench/pgsource) take
+// --sqlite-defaults to run it with its own settings and measure the
+// difference; see docs/benchmarks.md.
 var SQLiteWAL = []string{"--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=NORMAL"}
 
 // StartDevServer runs `temporal server start-dev` on free loopback ports

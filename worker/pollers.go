@@ -45,9 +45,10 @@ func withBalancedWorkflowPolls(opts *client.Options) {
 // while the server says that queue has a backlog (the backlog count hint
 // in a sticky poll's answer), so on a server that cannot keep up a new run
 // waited minutes for its first task. Its autoscaling behaviour keeps a poll
-// on each queue, but runs two 100 ms tickers all the time, the largest
-// source of an idle or live worker's wakes (README, "Workflow task
-// pollers"). With the hint cleared from sticky answers, the fixed pollers
+// on each queue, but runs two 100 ms tickers all the time, which wake an
+// idle or live worker again and again (make bench's live case and idle
+// window measure the worker's CPU; see docs/benchmarks.md). With the hint
+// cleared from sticky answers, the fixed pollers
 // take the queue with fewer polls waiting: half on each. The hint steers
 // nothing else in the SDK; a sticky backlog is still drained, by half the
 // pollers instead of all of them.

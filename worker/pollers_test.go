@@ -95,7 +95,7 @@ func (hintingServer) PollWorkflowTaskQueue(context.Context, *workflowservice.Pol
 
 // The worker keeps a fixed number of workflow task polls, twice
 // --pollers (half on each queue), not the SDK's autoscaling pollers,
-// whose two 100 ms tickers were an idle worker's largest source of wakes.
+// whose two 100 ms tickers wake an idle worker again and again.
 func TestWorkerOptionsKeepFixedWorkflowTaskPollers(t *testing.T) {
 	opts := workerOptions(8, 1000, 30*time.Second)
 	require.Equal(t, worker.NewPollerBehaviorSimpleMaximum(worker.PollerBehaviorSimpleMaximumOptions{MaximumNumberOfPollers: 16}),

@@ -41,8 +41,10 @@ const (
 	// operator excludes by itself, picking another in place
 	// (GetChangesInput.Reroute), and the tablet takes the replica it
 	// moved to from its progress signal and its result: no workflow task
-	// and no new activity task per tablet, which at hundreds of tablets
-	// moving at once cost seconds each on the server's queues.
+	// and no new activity task per tablet, which queue up on the server
+	// when hundreds of tablets move at once (make bench's reaction case,
+	// bench/reaction, measures an exclusion's reroute at 64 and 256
+	// tablets; see docs/benchmarks.md).
 	changeInPlaceReroute = "in-place-reroute"
 
 	// changeExclusionsMemo: the stream keeps its operator exclude list in
@@ -97,9 +99,10 @@ const (
 	// changeSignalHandling) without asking for each. The SDK records a
 	// marker and upserts the TemporalChangeVersion search attribute (a
 	// visibility write on the server) for every version a new workflow
-	// asks for: one instead of five per tablet start (about a tenth of
-	// the dev server's CPU per tablet start, measured at 300 tablets).
-	// Tablet changes after it are asked for as before.
+	// asks for: one instead of five per tablet start (make bench's scale
+	// case, bench/scale, measures the dev server's CPU while tablets start;
+	// see docs/benchmarks.md). Tablet changes after it are asked for as
+	// before.
 	changeTabletBaseline = "tablet-baseline"
 
 	// changeFirstPicks: a new stream's first topology read also runs the
@@ -108,9 +111,10 @@ const (
 	// (TabletInput.First), its search attributes Streaming on it and its
 	// row Streaming once its workflow has started. Such a tablet runs no
 	// picker and sends no report at its start: one workflow task, no
-	// signal, and no task of the stream's for its report (at 300 tablets
-	// the dev server's CPU for the start fell by about 40 %). Asked for
-	// only by a stream's first topology read. A tablet needs no version
+	// signal, and no task of the stream's for its report (make bench's
+	// scale case, bench/scale, measures the dev server's CPU while tablets
+	// start; see docs/benchmarks.md). Asked for only by a stream's first
+	// topology read. A tablet needs no version
 	// of its own for it: only a stream with this version passes First,
 	// and a tablet given none runs as before. A tablet given First asks
 	// for no version at all: it was started after every tablet change up

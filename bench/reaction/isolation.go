@@ -22,11 +22,10 @@ import (
 
 // isolationBacklog is the backlog each world of the isolation case holds,
 // which each of its drains reads: long enough that a stream's start and
-// tail weigh little. Two worlds drain side by side at 61,000-72,000
-// healthy records/s each here (2026-12-05), so the shared window (10% to
-// 90%) is about 30 s; 4,000,000 records made it 41-45 s and the four
-// pairs' ratios 1.019-1.079, but the case took about 6 minutes of make
-// bench's 20.
+// tail weigh little in the shared window (10% to 90%), short enough that
+// the case fits in make bench's 20 minutes. Each pair's window_s and the
+// result's case_seconds["isolation"] measure the two; see
+// docs/benchmarks.md.
 const isolationBacklog = 2_500_000
 
 // preloadRate is tabletd's highest workload rate: the backlog is written
@@ -193,7 +192,7 @@ type drain struct {
 // committed 10% of their healthy backlog to the sink (the worker's
 // counter: tabletd's acks move in steps of the acknowledgement interval)
 // to when the first has committed 90%. The machine's drift, which moves
-// drains run one after another by ±15% here, then moves both sides alike.
+// drains run one after another apart, then moves both sides alike.
 // The streams are stopped afterwards, so that idle streams do not pile up
 // on the workers.
 func drainSideBySide(worlds [2]*world, streams [2]string) (out [2]drain, window time.Duration, steal float64, err error) {

@@ -86,7 +86,7 @@ func TestSettledIsWithinAQuarterOrATenthOfACoreOfTheBase(t *testing.T) {
 		{0.25, 0.14, false}, // more than that
 		{1.25, 1.0, true},   // a quarter above a large base
 		{1.30, 1.0, false},
-		{1.40, 0.30, false}, // the dev server right after ~100 tablets move
+		{1.40, 0.30, false}, // a load right after many tablets moved
 		{0.05, 0.14, true},  // below the base
 	} {
 		if got := settled(c.load, c.base); got != c.want {

@@ -288,9 +288,9 @@ func (b *bed) status(id string) (workflows.StreamStatus, error) {
 	return st, v.Get(&st)
 }
 
-// streaming waits until all n tablets stream: up to 5 minutes (the
-// start of 256 tablets on 2 busy cores can take two), which is not what
-// is measured.
+// streaming waits until all n tablets stream: up to 5 minutes (hundreds
+// of tablets on 2 busy cores take a while to start; bench/scale measures
+// how long), which is not what is measured.
 func (b *bed) streaming(id string, n int) (workflows.StreamStatus, error) {
 	var st workflows.StreamStatus
 	err := b.until(5*time.Minute, "every tablet streaming", func() bool {
@@ -486,7 +486,7 @@ type straggler struct {
 // busiest returns the replica that served the most tablets' last reads,
 // by tabletd's account, and those tablets, waiting until there is one. (The
 // stream's status could name a replica no tablet read any more, and such a
-// trial moved nothing and counted a sample of a tenth of a second.)
+// trial moved nothing and counted a sample of next to nothing.)
 func (b *bed) busiest(id string) (alias string, on []string, err error) {
 	err = b.until(time.Minute, "a replica serving tablets", func() bool {
 		s, err := b.topo.DescribeStream(context.Background(), &sourcepb.DescribeStreamRequest{Stream: id})

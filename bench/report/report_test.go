@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // rowsFor judges the goals against one fixture directory.
@@ -162,71 +163,6 @@ func TestNear(t *testing.T) {
 	}
 }
 
-// TestReplaceBetweenMarkers: only the lines between the markers change;
-// a README without usable markers is an error, not a guess.
-func TestReplaceBetweenMarkers(t *testing.T) {
-	const table = "| a |\n| --- |\n| new |\n"
-	tests := []struct {
-		name    string
-		text    string
-		want    string
-		wantErr string
-	}{
-		{
-			name: "replaces the old table only",
-			text: "# Title\nbefore\n<!-- bench-summary:begin -->\n| a |\n| --- |\n| old |\n<!-- bench-summary:end -->\nafter\n",
-			want: "# Title\nbefore\n<!-- bench-summary:begin -->\n| a |\n| --- |\n| new |\n<!-- bench-summary:end -->\nafter\n",
-		},
-		{
-			name: "empty section, end marker on the last line without newline",
-			text: "x\n<!-- bench-summary:begin -->\n<!-- bench-summary:end -->",
-			want: "x\n<!-- bench-summary:begin -->\n| a |\n| --- |\n| new |\n<!-- bench-summary:end -->",
-		},
-		{
-			name:    "no begin marker",
-			text:    "x\n<!-- bench-summary:end -->\n",
-			wantErr: "bench-summary:begin",
-		},
-		{
-			name:    "no end marker",
-			text:    "x\n<!-- bench-summary:begin -->\nold\n",
-			wantErr: "bench-summary:end",
-		},
-		{
-			name:    "no markers at all",
-			text:    "x\ny\n",
-			wantErr: "not found",
-		},
-		{
-			name:    "markers in the wrong order",
-			text:    "<!-- bench-summary:end -->\nold\n<!-- bench-summary:begin -->\n",
-			wantErr: "comes before",
-		},
-		{
-			name:    "a marker twice",
-			text:    "<!-- bench-summary:begin -->\n<!-- bench-summary:begin -->\n<!-- bench-summary:end -->\n",
-			wantErr: "more than once",
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := replaceBetweenMarkers(tt.text, table)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error %v, want one mentioning %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != tt.want {
-				t.Errorf("got\n%s\nwant\n%s", got, tt.want)
-			}
-		})
-	}
-}
-
 // copyFixture copies a testdata directory to a temporary one, since run
 // writes its outputs beside the results.
 func copyFixture(t *testing.T, name string) string {
@@ -263,17 +199,22 @@ func checkPNGs(t *testing.T, dir string) {
 }
 
 // TestRun: the program writes summary.md (table, then each file's date and
-// command), the three plots and the README table; with no results it still
-// writes them all.
+// command) and the three plots, and, without --end-run (as make
+// bench-postgres runs it after make bench), no run log row even though
+// run.json holds a finished run; with no results it still writes them all.
 func TestRun(t *testing.T) {
 	dir := copyFixture(t, "met")
-	readme := filepath.Join(t.TempDir(), "README.md")
-	before := "intro\n<!-- bench-summary:begin -->\nstale\n<!-- bench-summary:end -->\noutro\n"
-	if err := os.WriteFile(readme, []byte(before), 0o644); err != nil {
+	if err := beginRun(dir, "make bench", runStart); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(dir, readme); err != nil {
+	if err := endRun(dir, runStart.Add(time.Minute)); err != nil {
 		t.Fatal(err)
+	}
+	if err := run(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, runLogFile)); !os.IsNotExist(err) {
+		t.Errorf("a report without --end-run wrote %s (stat: %v)", runLogFile, err)
 	}
 	summary, err := os.ReadFile(filepath.Join(dir, summaryFile))
 	if err != nil {
@@ -289,42 +230,12 @@ func TestRun(t *testing.T) {
 		}
 	}
 	checkPNGs(t, dir)
-	updated, err := os.ReadFile(filepath.Join(readme))
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(updated)
-	if !strings.HasPrefix(text, "intro\n<!-- bench-summary:begin -->\n| Area |") ||
-		!strings.HasSuffix(text, "|\n<!-- bench-summary:end -->\noutro\n") || strings.Contains(text, "stale") {
-		t.Errorf("README not updated between the markers:\n%s", text)
-	}
 
 	empty := t.TempDir()
-	if err := run(empty, ""); err != nil {
+	if err := run(empty); err != nil {
 		t.Fatalf("no results: %v", err)
 	}
 	checkPNGs(t, empty)
-}
-
-// TestRunReadmeWithoutMarkers: a README without the markers fails the run
-// before any output is written, and is left as it was.
-func TestRunReadmeWithoutMarkers(t *testing.T) {
-	dir := copyFixture(t, "met")
-	readme := filepath.Join(t.TempDir(), "README.md")
-	const text = "no markers here\n"
-	if err := os.WriteFile(readme, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	err := run(dir, readme)
-	if err == nil || !strings.Contains(err.Error(), "not found") {
-		t.Fatalf("error %v, want a missing marker", err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, summaryFile)); !os.IsNotExist(err) {
-		t.Errorf("summary.md written despite the README error (stat: %v)", err)
-	}
-	if got, _ := os.ReadFile(readme); string(got) != text {
-		t.Errorf("README changed to %q", got)
-	}
 }
 
 // TestSummaryListsMissingResultFilesButNotTheOptionalExclusionRun: the

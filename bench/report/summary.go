@@ -5,8 +5,7 @@ import (
 	"strings"
 )
 
-// goalTable renders the goals as one Markdown table. It is what --readme
-// puts between the markers, so it stands on its own.
+// goalTable renders the goals as one Markdown table.
 func goalTable(rows []row) string {
 	var b strings.Builder
 	b.WriteString("| Area | What is measured | Goal | Measured | Verdict | Result file |\n")

@@ -22,8 +22,8 @@
 // Every sink is checked against tabletd's digest of its stream (count,
 // additive hash, no duplicates), a pair's two once both sides have read,
 // so that the sides run back to back. The machine's speed drifts from one
-// minute to the next (on 2026-12-02 the same 16-tablet bulk run cost the
-// worker from 4.7 to 7.6 CPU seconds), so the goal is judged on the
+// minute to the next (each pair's cpu_seconds_raw and
+// cpu_seconds_tabletflow show by how much), so the goal is judged on the
 // median pair; every pair is in the result. Each side starts with
 // nothing unwritten on the machine (flushDirty). In the first case only,
 // the last pair's stream goes on: the workload runs at a moderate rate
@@ -93,12 +93,13 @@ const (
 	goalLagP99S = 1.0
 	batchSize   = 1000
 	// scrapeEvery: how often the tabletflow side's progress loop reads the
-	// worker's /metrics (about 260 KB at 64 tablets: some 7 ms of the
-	// worker's CPU and more of this program's to parse) while it looks
-	// for the steady state's start. The raw loop counts its records in
-	// memory; this observer runs on the same two cores as the side it
-	// watches, and at the progress loop's 10 a second it cost tabletflow's
-	// side what the raw side never pays.
+	// worker's /metrics (a page that grows with the tablets, which the
+	// worker spends CPU to render and this program to parse) while it
+	// looks for the steady state's start. The raw loop counts its records
+	// in memory; this observer runs on the same two cores as the side it
+	// watches, and at the progress loop's 10 a second it would cost
+	// tabletflow's side what the raw side never pays (each pair's
+	// cpu_seconds_tabletflow, "worker" and "bench", shows what it costs).
 	scrapeEvery = 500 * time.Millisecond
 )
 
@@ -207,36 +208,29 @@ type pair struct {
 // other unwritten data, and file by file otherwise
 // (sink/jsonl/groupsync.go): what `go run` had just built, or an earlier
 // case's leftovers, would put one side of a pair on per-file syncs (an
-// fdatasync per file per commit) and not the other. On 2026-12-03 a first
-// pair's tabletflow run made 501 fdatasyncs a second and no syncfs, its
-// worker 11.0 CPU-seconds against 6.0 in the next pair's run, and the
-// pair measured 0.73 against 0.96 and 1.04. What a side writes itself
-// (the dev server's database too) still counts.
+// fdatasync per file per commit) and not the other, and the pair would
+// measure that rather than the sides (each pair's raw_fsyncs_per_s and
+// raw_syncfs_per_s, and its bulk fsyncs_per_s and syncfs_per_s, say which
+// syncs each side made). What a side writes itself (the dev server's
+// database too) still counts.
 //
 // It then drops the page cache of the pairs' sinks (on disk now; the dev
-// server's database keeps its cache): on this VM, page cache past a warm
-// pool of about 2.4-3.6 GB costs the writing process several times the
-// system time (2026-12-06: dd of 1.2 GB took 0.3 s of system time inside
-// the pool and 2.2-3.0 s past it, and the pool grows back only from pages
-// freed moments before). A pair's second side wrote its 1.2 GB (64
-// tablets) on top of the first side's: 45-60 ticks a second of system
-// time in its writer against 15-20 in the first side's. In four cases of
-// 2026-12-05 and 06 the tabletflow side measured 0.80-0.95 of the raw
-// loop in the pairs where it read second and 1.09-1.14 where it read
-// first. Dropped, the first side's pages are free and warm for the
-// second.
+// server's database keeps its cache): on a VM, page cache past a warm
+// pool costs the writing process more system time, and the pool grows
+// back only from pages freed moments before, so a pair's second side,
+// writing on top of the first side's pages, would pay for the order the
+// sides ran in (each pair's tabletflow_first and cpu_seconds_* show
+// whether it still does). Dropped, the first side's pages are free and
+// warm for the second.
 //
 // First of all it hands this program's freed memory back to the system:
 // the raw loop's and the checks' gigabytes of garbage were otherwise
 // handed back by the Go runtime's background scavenger while the next
 // side read, and each of its madvise calls flushes the TLB of the other
-// core too (an interrupt there, dear on this VM). On 2026-12-06 that was
-// 44 % of this program's samples during a tabletflow side (perf), which
-// cost this program 0.39-0.70 CPU-seconds (six runs), 0.42-0.43 with the
-// scrapes of scrapeEvery (two) and 0.25 with the memory handed back
-// first too (one). The worker's garbage from a tabletflow side is still
-// handed back by its own scavenger, while a raw loop right after it reads
-// (the middle pair).
+// core too (an interrupt there, dear on a VM); each pair's
+// cpu_seconds_tabletflow "bench" is what this program cost a side. The
+// worker's garbage from a tabletflow side is still handed back by its own
+// scavenger, while a raw loop right after it reads (the middle pair).
 func (b *bench) flushDirty() {
 	debug.FreeOSMemory()
 	unix.Sync()
@@ -292,19 +286,18 @@ func main() {
 func run() error {
 	binDir := flag.String("bin", "./bin", "directory holding temporal, tabletd and worker")
 	tabletsFlag := flag.String("tablets", "16,64", "comma-separated tablet counts, one case each in a world of its own; the live measurement runs in the first")
-	// 2.4M: on this machine's good days the raw loop reads 1.2M records in
-	// 2.4 s, of which tabletflow's start (about a second to have every
-	// tablet reading) was then half the difference: a throughput figure
-	// needs a run several times longer than the start.
+	// 2.4M: a throughput figure needs a run several times longer than
+	// tabletflow's start (each pair's raw_seconds and
+	// tabletflow_all_tablets_acking_s measure the run and the start).
 	records := flag.Uint64("records", 2_400_000, "records to preload (at least; the exact total comes from the digest)")
-	// 75,000 a tablet: at 64 tablets the start (every tablet reading after
-	// 2.2-3.6 s, 2026-12-03) was half of a 2.4M drain (4.4-7.9 s), so the
-	// 64-tablet figure measured the start more than the throughput; 4.8M
-	// drain in 11-15 s there.
+	// 75,000 a tablet: more tablets take longer to start, and with
+	// --records alone the 64-tablet figure measured the start more than
+	// the throughput (the 64-tablet case's raw_seconds and
+	// tabletflow_all_tablets_acking_s measure the two).
 	perTablet := flag.Uint64("records-per-tablet", 75_000, "at least this many records a tablet: a case preloads the larger of --records and tablets × this")
-	// tabletd's highest rate: it writes as fast as it can (about 200k
-	// records/s on 2 cores), and the pause at --records cuts the step it
-	// lands in, so the preload overshoots by at most one status poll.
+	// tabletd's highest rate: it writes as fast as it can, and the pause
+	// at --records cuts the step it lands in, so the preload overshoots by
+	// at most one status poll.
 	preloadRate := flag.Float64("preload-rate", 10_000_000, "workload rate while preloading, records/s (the default: as fast as tabletd writes)")
 	measure := flag.Duration("measure-events", 2*time.Minute, "how long to stream at --measure-rate while counting history events")
 	measureRate := flag.Float64("measure-rate", 2000, "workload rate during the history measurement, records/s")
@@ -582,8 +575,8 @@ func (b *bench) flowPair(ctx context.Context, c caseConfig, tablets, i int, tota
 }
 
 // checkPair checks pair i's two sinks against tabletd's digest once both
-// sides have read, so that the check (some 10 s at 2.4M records) does not
-// stand between them: the machine's speed drifts, and the closer in time
+// sides have read, so that the check (it reads every record back) does
+// not stand between them: the machine's speed drifts, and the closer in time
 // the two sides run, the less of the drift their ratio carries. It then
 // removes the files, but for the last pair's tabletflow ones, which the
 // live window goes on writing.

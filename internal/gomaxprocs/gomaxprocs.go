@@ -6,12 +6,13 @@
 // sync, each acknowledgement for an answer. With more than one P, every
 // goroutine made runnable while a P is idle wakes a thread for it (and the
 // scheduler a spinning one to look for more), and these threads go back to
-// sleep a moment later. A thread's sleep and wake costs tens of
-// microseconds of CPU on a virtual machine (15-58 µs a nanosleep on this
-// project's 2-core machine, against 0.3 µs for a plain system call), many
-// times the work it wakes for. On one P those hand-offs mostly stay on one
-// thread. A busy worker (a bulk drain, thousands of tablets starting)
-// needs every core, and is put back on all of them at once.
+// sleep a moment later. On a virtual machine a thread's sleep and wake
+// costs far more CPU than a plain system call, many times the work it wakes
+// for. On one P those hand-offs mostly stay on one thread. A busy worker (a
+// bulk drain, thousands of tablets starting) needs every core, and is put
+// back on all of them at once. make bench's live case (bench/throughput)
+// measures the worker's CPU per record live and idle with this governor
+// on; see docs/benchmarks.md.
 package gomaxprocs
 
 import (
@@ -25,11 +26,12 @@ import (
 
 // The policy's bounds, in cores of CPU the process used over an interval.
 const (
-	// BusyLoad: at or above this, every P (a bulk drain uses about one
-	// core).
+	// BusyLoad: at or above this, every P (a bulk drain is far above it:
+	// make bench's bulk case measures the worker's CPU there).
 	BusyLoad = 0.5
-	// QuietLoad: below this for QuietIntervals intervals in a row, one P (16
-	// live tablets at 2,000 records/s use about 0.03).
+	// QuietLoad: below this for QuietIntervals intervals in a row, one P (a
+	// live worker is far below it: make bench's live case, 16 tablets at
+	// 2,000 records/s, measures its CPU; see docs/benchmarks.md).
 	QuietLoad      = 0.15
 	QuietIntervals = 2
 	// Interval between looks at the process's CPU time. The looks end on

@@ -6,11 +6,12 @@
 // runtime rounds the wait down, so with the kernel's default slack of
 // 50 µs a thread wakes up to a millisecond before the timer is due, finds
 // nothing to do, and sleeps once more for a millisecond: two wakes for
-// each timer (measured on this project's 2-core machine: 188-232 wakes a
-// second of a live worker's threads at 50 µs against 73-104 at 1 ms). A
-// slack of a millisecond lets the kernel end the rounded-down wait at or
-// after the timer, so it costs one wake; a timer may fire up to that much
-// later, which nothing in a worker notices.
+// each timer. A slack of a millisecond lets the kernel end the rounded-down
+// wait at or after the timer, so it costs one wake; a timer may fire up to
+// that much later, which nothing in a worker notices. make bench's live
+// case (bench/throughput) measures the worker's CPU per record live and
+// idle with this slack (the worker's --timer-slack=0 keeps the kernel's
+// default, to compare); see docs/benchmarks.md.
 package timerslack
 
 import (

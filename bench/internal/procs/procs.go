@@ -141,22 +141,21 @@ func (s *StringList) Set(v string) error { *s = append(*s, v); return nil }
 // by default for an activity on the worker's own task queue, and the
 // server then hands a tablet workflow's GetChanges back in the response
 // to the workflow task that scheduled it, instead of through matching
-// and the worker's activity poll. Starting 64 tablets, the dev server
-// used 1.19-1.45 CPU-seconds with it against 1.35-2.24 without, and every
-// tablet read after 2.3-2.7 s against 2.6-4.0 s (three runs each,
-// 2026-12-03). It is the server's dynamic config
-// system.enableActivityEagerExecution, off by default; the README's
-// production notes recommend it.
+// and the worker's activity poll. bench/scale (make bench's scale case)
+// measures what that saves while tablets start, the dev server's CPU and
+// the time until every tablet was read from; --no-eager-activities runs it
+// without, to compare (see docs/benchmarks.md). It is the server's dynamic
+// config system.enableActivityEagerExecution, off by default; the
+// README's production notes recommend it.
 //
 // The benchmarks run the dev server's SQLite in WAL mode with
 // synchronous=NORMAL (testbed.SQLiteWAL) unless --sqlite-defaults: a commit then
 // waits for no fsync of its own, and a crash of the server process loses
 // nothing (only a crash of the machine can lose the last commits). With
 // the dev server's own settings every persistence write waits for an
-// fsync and the single database serialises them all: starting 64 tablet
-// workflows took 2-11 s on this machine, against 1.3-2.7 s in WAL mode
-// (64 trivial children of a trivial parent: 2.1 s against 0.35 s), which
-// measured the dev server's disk rather than tabletflow. A production
+// fsync and the single database serialises them all, so starting tablet
+// workflows would measure the dev server's disk rather than tabletflow
+// (--sqlite-defaults runs it so, to measure the difference). A production
 // Temporal server (PostgreSQL, MySQL, Cassandra) commits in groups.
 func DevServerFlags() func() []string {
 	var dynamic StringList
