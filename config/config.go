@@ -123,9 +123,9 @@ type Exclusion struct {
 // DefaultMaxWait: a read of an idle tablet waits this long for a
 // record (one arriving ends the wait at once), so an idle tablet costs
 // the worker and the source one call per 5s. Each call costs the
-// worker about a millisecond of CPU whatever it brings: with 500ms,
-// 16 idle tablets cost more CPU than 2,000 records/s over them, and a
-// thousand idle ones two cores. A stream whose run.heartbeatTimeout
+// worker CPU whatever it brings, so a short wait makes idle tablets cost
+// more than busy ones (make bench's idle and scale cases measure it;
+// docs/benchmarks.md). A stream whose run.heartbeatTimeout
 // or run.duration is short gets a shorter one (defaultMaxWait).
 const DefaultMaxWait = 5 * time.Second
 
@@ -138,16 +138,16 @@ var (
 	DefaultRetry          = Retry{InitialInterval: Duration(time.Second), BackoffCoefficient: 2, MaximumInterval: Duration(30 * time.Second), MaximumAttempts: ptr[int32](5)}
 	DefaultAutoExcludeTTL = 5 * time.Minute
 	DefaultBatch          = Batch{MaxRecords: 1000, MaxWait: Duration(DefaultMaxWait), Linger: ptr(Duration(DefaultLinger))}
-	// DefaultLinger: long enough that a live tablet commits a little more
-	// than once a second instead of once per record or two, short enough
-	// to keep the commit-to-sink lag p99 under 1 s (a record waits at most
-	// about 1.125 lingers; see the README's benchmarks). A live tablet's
-	// CPU goes by its commits more than by its records: at 2000 records/s
-	// over 16 tablets, 500ms made 32 commits a second, 750ms makes 21.
+	// DefaultLinger: long enough that a live tablet commits about once a
+	// linger instead of once per record or two (a live tablet's CPU goes
+	// by its commits more than by its records), short enough to keep the
+	// commit-to-sink lag under its goal (a record waits at most about
+	// 1.125 lingers). make bench's live and lag cases measure both; see
+	// docs/benchmarks.md.
 	DefaultLinger = 750 * time.Millisecond
 	// DefaultRun: a run's end costs the server a few writes and the tablet
-	// a pause in its reads (seconds under load, which is what made an
-	// exclusion at 256 tablets take up to 8 s with 1m runs); runs on a
+	// a pause in its reads (seconds under load, which slows an exclusion
+	// at many tablets; make bench's reaction case measures it); runs on a
 	// fallback replica end sooner (activities.FallbackRun).
 	DefaultRun             = Run{Duration: Duration(5 * time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute

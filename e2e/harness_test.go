@@ -349,7 +349,7 @@ func summary(st workflows.StreamStatus) string {
 // server refused without recording it — "Workflow is busy" (it could not
 // take the workflow's lock in time: many signals at once on a loaded
 // machine) or "workflow is closing" (it came as the run continued as new)
-// — is repeated, as the README tells an operator to, for up to 30 s; any
+// — is repeated, as docs/operating.md tells an operator to, for up to 30 s; any
 // other error fails.
 func (e *env) cli(args ...string) string {
 	e.t.Helper()

@@ -1,5 +1,5 @@
 // Command starter starts and watches tabletflow streams. Everything it does
-// can also be done with the Temporal CLI alone (see the README).
+// can also be done with the Temporal CLI alone (see docs/operating.md).
 //
 //	starter start -f orders.json [--id orders]
 //	starter status orders [--watch]

@@ -48,9 +48,9 @@ func run() error {
 		"on SIGTERM, how long in-flight GetChanges get to commit and return")
 	pollers := flag.Int("pollers", 8, "activity task pollers, and workflow task pollers for each of the normal and the sticky queue (twice this in all)")
 	adaptiveProcs := flag.Bool("adaptive-gomaxprocs", true,
-		"run on one P of the Go scheduler while the worker is lightly loaded, on all of them while it is busy (see the README's production notes)")
+		"run on one P of the Go scheduler while the worker is lightly loaded, on all of them while it is busy (see docs/production.md)")
 	slack := flag.Duration("timer-slack", timerslack.Default,
-		"how late the kernel may wake the worker's threads from a timed sleep (Linux's timer slack; see the README's production notes); 0: the kernel's default")
+		"how late the kernel may wake the worker's threads from a timed sleep (Linux's timer slack; see docs/production.md); 0: the kernel's default")
 	metricsAddr := flag.String("metrics-addr", "",
 		"serve Prometheus metrics (tabletflow's and the Temporal SDK's) at http://ADDR/metrics; empty: off")
 	codecAddr := flag.String("codec-addr", "",

@@ -368,7 +368,7 @@ func caseTimings(c object) (samples []float64, p99 float64, ok bool) {
 }
 
 // caseMedian is context beside the p99, so it is the file's own median
-// when it has one (the figure the benchmark's README quotes), else the
+// when it has one (the figure the benchmark's summary quotes), else the
 // samples' median taken as bench/reaction takes it: the middle sample, the
 // upper one of two for an even count.
 func caseMedian(c object, samples []float64) float64 {

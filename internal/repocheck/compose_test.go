@@ -12,7 +12,7 @@ import (
 
 // TestDockerComposeFileIsValid loads docker-compose.yml with compose-go,
 // the loader `docker compose config` itself runs (schema validation,
-// interpolation, normalisation), and checks the services the README
+// interpolation, normalisation), and checks the services docs/production.md
 // promises. Where the docker compose plugin is installed it runs `docker
 // compose config` too.
 func TestDockerComposeFileIsValid(t *testing.T) {

@@ -29,8 +29,8 @@ import (
 // (tens of microseconds of CPU on a virtual machine), with it about 3. A
 // bulk drain is one long burst whose runs, after its first burstSpan,
 // never wait: there a commit's sync is what a tablet waits for between
-// batches (a wait at every run cost a 16-tablet drain about a tenth of
-// its speed; see the README's JSONL sink).
+// batches (a wait at every run slowed a bulk drain; make bench's bulk
+// case measures it, docs/benchmarks.md).
 //
 // A round whose writers sync again right away (a commit's data, then its
 // manifest slot: syncThen) is followed, early in a burst, by one that

@@ -300,7 +300,7 @@ func TestCommitLeavesOnlyDataManifestAndLockFiles(t *testing.T) {
 		"t-0002.jsonl", "t-0002.lock", "t-0002.manifest.json",
 	}, names, "no temp file is left behind; only data files end in .jsonl")
 
-	// The manifest file as the README describes it to readers: two lines
+	// The manifest file as docs/sinks.md describes it to readers: two lines
 	// of 4096 bytes, each {"crc32c","manifest"}; the committed one is the
 	// valid line with the higher seq.
 	b, err := os.ReadFile(filepath.Join(dir, "t-0001.manifest.json"))

@@ -268,7 +268,7 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 			tables[i] = pgx.Identifier{schema, name}.Sanitize()
 		}
 		// TRUNCATE is not published: a change log of it cannot be replayed
-		// per key (README, limits).
+		// per key (docs/sources/postgres.md, Limits).
 		_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, update, delete')`,
 			pgx.Identifier{pub}.Sanitize(), strings.Join(tables, ", ")))
 		if err != nil && !isCode(err, "42710") { // duplicate_object: a concurrent ensure

@@ -146,7 +146,7 @@ func (s *StringList) Set(v string) error { *s = append(*s, v); return nil }
 // the time until every tablet was read from; --no-eager-activities runs it
 // without, to compare (see docs/benchmarks.md). It is the server's dynamic
 // config system.enableActivityEagerExecution, off by default; the
-// README's production notes recommend it.
+// production notes (docs/production.md) recommend it.
 //
 // The benchmarks run the dev server's SQLite in WAL mode with
 // synchronous=NORMAL (testbed.SQLiteWAL) unless --sqlite-defaults: a commit then
