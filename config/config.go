@@ -397,8 +397,10 @@ func (t Tunables) Validate() error {
 			return fieldErr(fmt.Sprintf("selection.tabletTypes[%d]", i), "%q: want PRIMARY, REPLICA or RDONLY, each once", typ)
 		}
 	}
-	if sel.MaxLag < 0 {
-		return fieldErr("selection.maxLag", "must not be negative")
+	if sel.MaxLag <= 0 {
+		// At start a 0 is the default (Defaults); configure must not make
+		// it mean something else.
+		return fieldErr("selection.maxLag", "must be positive (leave it out for the default %v)", DefaultMaxLag)
 	}
 	r := t.Retry
 	switch {
@@ -414,7 +416,11 @@ func (t Tunables) Validate() error {
 		return fieldErr("autoExcludeTTL", "must be positive")
 	case t.Batch.MaxRecords < 1 || t.Batch.MaxRecords > MaxBatchRecords:
 		return fieldErr("batch.maxRecords", "%d not in [1, %d]", t.Batch.MaxRecords, MaxBatchRecords)
-	case t.Batch.MaxWait < 0 || t.Batch.MaxWait.D() > MaxBatchWait:
+	case t.Batch.MaxWait <= 0:
+		// An idle tablet would poll in a tight loop; at start a 0 is the
+		// default (Defaults).
+		return fieldErr("batch.maxWait", "must be positive (leave it out for the default)")
+	case t.Batch.MaxWait.D() > MaxBatchWait:
 		return fieldErr("batch.maxWait", "%v not in [0, %v]", t.Batch.MaxWait, MaxBatchWait)
 	case t.Batch.LingerD() < 0 || t.Batch.LingerD() > MaxBatchWait:
 		return fieldErr("batch.linger", "%v not in [0, %v]", t.Batch.LingerD(), MaxBatchWait)

@@ -459,8 +459,12 @@ func TestTunablesValidate(t *testing.T) {
 		// A duplicate tablet type.
 		{name: "duplicate tablet type", edit: func(tu *Tunables) { tu.Selection.TabletTypes = []string{"RDONLY", "PRIMARY", "RDONLY"} },
 			wantPrefix: "selection.tabletTypes[2]:"},
-		// Zero maxLag means no limit here.
-		{name: "zero maxLag", edit: func(tu *Tunables) { tu.Selection.MaxLag = 0 }},
+		// Zero maxLag or maxWait, as configure may send them ("0s"): at
+		// start a 0 takes the default, so here it is refused rather than
+		// meaning something else (no lag limit; an idle tablet polling in
+		// a tight loop).
+		{name: "zero maxLag", edit: func(tu *Tunables) { tu.Selection.MaxLag = 0 }, wantPrefix: "selection.maxLag:"},
+		{name: "zero maxWait", edit: func(tu *Tunables) { tu.Batch.MaxWait = 0 }, wantPrefix: "batch.maxWait:"},
 		// A zero first interval.
 		{name: "zero initialInterval", edit: func(tu *Tunables) { tu.Retry.InitialInterval = 0 }, wantPrefix: "retry.initialInterval:"},
 		// NaN can't come from JSON but can from Go; it is rejected.
@@ -482,8 +486,6 @@ func TestTunablesValidate(t *testing.T) {
 		{name: "zero maxRecords", edit: func(tu *Tunables) { tu.Batch.MaxRecords = 0 }, wantPrefix: "batch.maxRecords:"},
 		// One record per batch is the smallest.
 		{name: "one record per batch", edit: func(tu *Tunables) { tu.Batch.MaxRecords = 1 }},
-		// A zero long-poll (return at once) is allowed.
-		{name: "zero maxWait", edit: func(tu *Tunables) { tu.Batch.MaxWait = 0 }},
 		// One nanosecond over a minute.
 		{name: "maxWait just over limit", edit: func(tu *Tunables) {
 			tu.Batch.MaxWait = Duration(MaxBatchWait + 1)
@@ -505,7 +507,7 @@ func TestTunablesValidate(t *testing.T) {
 		}},
 		// A heartbeat timeout just under a second (heartbeats go every third).
 		{name: "heartbeatTimeout just below 1s", edit: func(tu *Tunables) {
-			tu.Batch.MaxWait = 0
+			tu.Batch.MaxWait = Duration(400 * time.Millisecond)
 			tu.Run.HeartbeatTimeout = Duration(time.Second - 1)
 		}, wantPrefix: "run.heartbeatTimeout:"},
 		// A heartbeat timeout one nanosecond short of twice maxWait.
