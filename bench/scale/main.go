@@ -18,10 +18,11 @@
 // topologyRefresh, a describe of its workflow; an idle tablet costs the
 // worker and tabletd one long-poll per batch.maxWait. The defaults here
 // (heartbeatTimeout 2m, run.duration 30m, topologyRefresh 1m, maxWait 5s)
-// keep 5000 tablets within this 2-core machine; with heartbeatTimeout 30s,
-// run.duration 5m, topologyRefresh 30s and maxWait 1s the dev server fell
-// behind at about 2000 tablets (heartbeats timing out, workflow tasks
-// stuck) — the flags reproduce that.
+// are sized for 5000 tablets on a 2-core machine, which make bench-full's
+// 5000-tablet run checks; shorter settings (heartbeatTimeout 30s,
+// run.duration 5m, topologyRefresh 30s, maxWait 1s) cost the dev server
+// more per tablet, and the flags let a run measure where it falls behind
+// (heartbeats timing out, workflow tasks stuck).
 //
 // Recorded: when 1000, 2000, … N tablets were Streaming (by the status
 // query, and by tabletd: the tablets whose GetChanges reached a replica);
@@ -227,28 +228,16 @@ func main() {
 	}
 }
 
+// run starts the world (dev server, tabletd, an idle worker), starts the
+// stream and watches its tablets reach Streaming, keeps measuring for a
+// steady window, reads the histories and writes the result. It returns
+// an error only when it could not measure.
 func run() error {
-	binDir := flag.String("bin", "./bin", "directory holding temporal, tabletd and worker")
-	tablets := flag.Int("tablets", 5000, "tablets")
-	replicas := flag.Int("replicas", 2, "replicas per tablet")
-	rate := flag.Float64("rate", 10, "tabletd workload, records/s over all tablets: a trickle (each record is a sink commit with fsyncs; the data path is not what is measured)")
-	out := flag.String("out", "", "write the result JSON here too")
-	timeout := flag.Duration("timeout", time.Hour, "deadline for every tablet to be Streaming, from the stream's start")
-	steady := flag.Duration("steady", 5*time.Minute, "after every tablet streams, how long to keep measuring CPU, memory and continue-as-new")
-	poll := flag.Duration("poll", 5*time.Second, "status query interval")
-	pollers := flag.Int("pollers", 16, "worker --pollers")
-	runDuration := flag.String("run-duration", "30m", "stream config run.duration: one GetChanges activity's run (each run's end costs the server a few writes per tablet)")
-	heartbeat := flag.String("heartbeat-timeout", "2m", "stream config run.heartbeatTimeout: the SDK sends a heartbeat every 0.8 × this, at most every 60 s (a server write per tablet)")
-	maxWait := flag.String("max-wait", "5s", "stream config batch.maxWait: an idle tablet's long-poll (one tabletd call per tablet per maxWait)")
-	refresh := flag.String("topology-refresh", "1m", "stream config topologyRefresh (each refresh describes every tablet workflow)")
-	devServer := procs.DevServerFlags()
-	keep := flag.Bool("keep", false, "keep the temporary directory (kept anyway when the goal is missed)")
-	flag.Parse()
-
+	o := parseFlags()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	bin, err := filepath.Abs(*binDir)
+	bin, err := filepath.Abs(o.binDir)
 	if err != nil {
 		return err
 	}
@@ -257,7 +246,7 @@ func run() error {
 		return err
 	}
 	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}}
-	keepDir := *keep
+	keepDir := o.keep
 	defer func() {
 		b.procs.StopAll()
 		if keepDir {
@@ -267,130 +256,263 @@ func run() error {
 		_ = os.RemoveAll(dir)
 	}()
 
-	maxAct := *tablets + *tablets/10 + 100
-	cfg, err := json.Marshal(map[string]any{
-		"source": map[string]any{"kind": "tabletd", "keyspace": keyspace, "address": "TABLETD"},
-		"sink":   map[string]any{"kind": "jsonl", "path": filepath.Join(dir, "sink")},
-		"batch":  map[string]any{"maxRecords": 1000, "maxWait": *maxWait},
-		"run":    map[string]any{"duration": *runDuration, "heartbeatTimeout": *heartbeat},
-		// Cells and types as the defaults; a topology refresh every 30 s.
-		"topologyRefresh": *refresh,
-	})
+	cfg, err := o.streamConfig(dir)
 	if err != nil {
 		return err
 	}
-	res := result{
-		Date:    time.Now().UTC().Format(time.RFC3339),
-		Command: "go run ./bench/scale " + strings.Join(os.Args[1:], " "),
-		Goal:    fmt.Sprintf("every one of %d tablets Streaming (issue 8: a stream of 5000 tablets works on this machine)", *tablets),
-		Setup: setup{
-			Host: hostDesc(), LoadAvgAtStart: procstat.LoadAvg(), Tablets: *tablets, Replicas: *replicas, ServersPerCell: 2, Cells: 3,
-			WriteRate: *rate, WorkerMaxActivities: maxAct, WorkerPollers: *pollers,
-			DevServerArgs: devServer(), StatusPollIntervalS: poll.Seconds(),
-			MaxChildrenPerRun: maxChildrenPerRun,
-		},
-		DeadlineS: timeout.Seconds(),
-		Logged:    map[string][]logLine{},
-	}
-	if *tablets > 4096 {
-		res.Setup.TabletdMaxTabletsRaised = "tabletd's --tablets cap was 4096; raised to 9999 for this benchmark (tabletd/cluster)"
-	}
+	res := o.newResult()
 
 	// The world: dev server, tabletd, worker.
-	extra := res.Setup.DevServerArgs
-	publish.Logf("starting the dev server")
-	ds, err := testbed.StartDevServer(filepath.Join(bin, "temporal"), dir, extra...)
+	ds, err := b.startDevServer(bin, dir, res.Setup.DevServerArgs)
 	if err != nil {
-		return err
-	}
-	b.procs.Add("temporal", ds.Proc)
-	if b.temporal, err = client.Dial(client.Options{HostPort: ds.Addr, Namespace: namespace, Logger: temporalclient.Quiet{}}); err != nil {
 		return err
 	}
 	defer b.temporal.Close()
 
-	publish.Logf("starting tabletd: %d tablets × %d replicas, %.0f records/s", *tablets, *replicas, *rate)
-	if err := b.startTabletd(ctx, *tablets, *replicas, *rate); err != nil {
+	publish.Logf("starting tabletd: %d tablets × %d replicas, %.0f records/s", o.tablets, o.replicas, o.rate)
+	if err := b.startTabletd(ctx, o.tablets, o.replicas, o.rate); err != nil {
 		return err
 	}
 	defer b.conn.Close()
 	cfg = []byte(strings.Replace(string(cfg), `"TABLETD"`, strconv.Quote(b.tdAddr), 1))
 	res.Setup.StreamConfig = cfg
+	if err := b.sizeTopology(ctx, o.tablets, &res); err != nil {
+		return err
+	}
+	if err := b.startIdleWorker(ctx, ds.Addr, o, &res); err != nil {
+		return err
+	}
 
+	// The stream.
+	w, err := b.startStream(ctx, o, cfg, &res)
+	if err != nil {
+		return err
+	}
+	// Interrupted (Ctrl-C): the result still says how far it got.
+	interrupted := ctx.Err() != nil
+	if interrupted {
+		publish.Logf("interrupted: writing what was measured")
+	}
+	b.recordStartup(w, &res)
+	if res.AllStreaming && o.steady > 0 && !interrupted {
+		b.steadyWindow(ctx, o.steady, w, &res)
+	}
+	// What follows reads histories: its own deadline, and it runs even
+	// after an interrupt.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+	defer cancel()
+	b.finalFigures(ctx, o.tablets, ds, &res)
+	b.histories(ctx, o.tablets, &res)
+	b.conclude(&res, o.tablets, w, interrupted)
+	if !res.AllStreaming {
+		keepDir = true
+		res.Dir = dir
+	}
+	publish.Logf("%s", res.Verdict)
+	return publish.JSON(o.out, res)
+}
+
+// options are the command's flags.
+type options struct {
+	binDir      string
+	tablets     int
+	replicas    int
+	rate        float64
+	out         string
+	timeout     time.Duration
+	steady      time.Duration
+	poll        time.Duration
+	pollers     int
+	runDuration string
+	heartbeat   string
+	maxWait     string
+	refresh     string
+	devServer   func() []string // the dev server's arguments (procs.DevServerFlags)
+	keep        bool
+}
+
+// parseFlags defines the command's flags and parses the command line.
+func parseFlags() options {
+	var o options
+	flag.StringVar(&o.binDir, "bin", "./bin", "directory holding temporal, tabletd and worker")
+	flag.IntVar(&o.tablets, "tablets", 5000, "tablets")
+	flag.IntVar(&o.replicas, "replicas", 2, "replicas per tablet")
+	flag.Float64Var(&o.rate, "rate", 10, "tabletd workload, records/s over all tablets: a trickle (each record is a sink commit with fsyncs; the data path is not what is measured)")
+	flag.StringVar(&o.out, "out", "", "write the result JSON here too")
+	flag.DurationVar(&o.timeout, "timeout", time.Hour, "deadline for every tablet to be Streaming, from the stream's start")
+	flag.DurationVar(&o.steady, "steady", 5*time.Minute, "after every tablet streams, how long to keep measuring CPU, memory and continue-as-new")
+	flag.DurationVar(&o.poll, "poll", 5*time.Second, "status query interval")
+	flag.IntVar(&o.pollers, "pollers", 16, "worker --pollers")
+	flag.StringVar(&o.runDuration, "run-duration", "30m", "stream config run.duration: one GetChanges activity's run (each run's end costs the server a few writes per tablet)")
+	flag.StringVar(&o.heartbeat, "heartbeat-timeout", "2m", "stream config run.heartbeatTimeout: the SDK sends a heartbeat every 0.8 × this, at most every 60 s (a server write per tablet)")
+	flag.StringVar(&o.maxWait, "max-wait", "5s", "stream config batch.maxWait: an idle tablet's long-poll (one tabletd call per tablet per maxWait)")
+	flag.StringVar(&o.refresh, "topology-refresh", "1m", "stream config topologyRefresh (each refresh describes every tablet workflow)")
+	o.devServer = procs.DevServerFlags()
+	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (kept anyway when the goal is missed)")
+	flag.Parse()
+	return o
+}
+
+// maxActivities is the worker's --max-concurrent-activities: one
+// GetChanges per tablet, plus headroom.
+func (o options) maxActivities() int {
+	return o.tablets + o.tablets/10 + 100
+}
+
+// streamConfig is the stream's config, sized for many tablets, with the
+// source's address still "TABLETD": run puts tabletd's in once it runs.
+func (o options) streamConfig(dir string) ([]byte, error) {
+	return json.Marshal(map[string]any{
+		"source": map[string]any{"kind": "tabletd", "keyspace": keyspace, "address": "TABLETD"},
+		"sink":   map[string]any{"kind": "jsonl", "path": filepath.Join(dir, "sink")},
+		"batch":  map[string]any{"maxRecords": 1000, "maxWait": o.maxWait},
+		"run":    map[string]any{"duration": o.runDuration, "heartbeatTimeout": o.heartbeat},
+		// Cells and types as the defaults; a topology refresh every 30 s.
+		"topologyRefresh": o.refresh,
+	})
+}
+
+// newResult is the result with the run's goal and setup, before anything
+// is measured (the stream's config is added once tabletd runs).
+func (o options) newResult() result {
+	res := result{
+		Date:    time.Now().UTC().Format(time.RFC3339),
+		Command: "go run ./bench/scale " + strings.Join(os.Args[1:], " "),
+		Goal:    fmt.Sprintf("every one of %d tablets Streaming (issue 8: a stream of 5000 tablets works on this machine)", o.tablets),
+		Setup: setup{
+			Host: hostDesc(), LoadAvgAtStart: procstat.LoadAvg(), Tablets: o.tablets, Replicas: o.replicas, ServersPerCell: 2, Cells: 3,
+			WriteRate: o.rate, WorkerMaxActivities: o.maxActivities(), WorkerPollers: o.pollers,
+			DevServerArgs: o.devServer(), StatusPollIntervalS: o.poll.Seconds(),
+			MaxChildrenPerRun: maxChildrenPerRun,
+		},
+		DeadlineS: o.timeout.Seconds(),
+		Logged:    map[string][]logLine{},
+	}
+	if o.tablets > 4096 {
+		res.Setup.TabletdMaxTabletsRaised = "tabletd's --tablets cap was 4096; raised to 9999 for this benchmark (tabletd/cluster)"
+	}
+	return res
+}
+
+// startDevServer starts the Temporal dev server in dir with args and
+// dials it (b.temporal, which the caller closes).
+func (b *bench) startDevServer(bin, dir string, args []string) (*testbed.DevServer, error) {
+	publish.Logf("starting the dev server")
+	ds, err := testbed.StartDevServer(filepath.Join(bin, "temporal"), dir, args...)
+	if err != nil {
+		return nil, err
+	}
+	b.procs.Add("temporal", ds.Proc)
+	if b.temporal, err = client.Dial(client.Options{HostPort: ds.Addr, Namespace: namespace, Logger: temporalclient.Quiet{}}); err != nil {
+		return nil, err
+	}
+	return ds, nil
+}
+
+// sizeTopology records what tabletd's topology weighs as JSON: one
+// ReadTopology result and the full listing.
+func (b *bench) sizeTopology(ctx context.Context, tablets int, res *result) error {
+	var err error
 	if res.FullListingBytes, res.ReadTopologyBytes, err = b.topologyBytes(ctx); err != nil {
 		return err
 	}
-	publish.Logf("topology of %d tablets as JSON: %d bytes (ReadTopology), %d bytes (full listing)", *tablets, res.ReadTopologyBytes, res.FullListingBytes)
+	publish.Logf("topology of %d tablets as JSON: %d bytes (ReadTopology), %d bytes (full listing)", tablets, res.ReadTopologyBytes, res.FullListingBytes)
+	return nil
+}
 
-	publish.Logf("starting the worker: --max-concurrent-activities %d --pollers %d", maxAct, *pollers)
-	if err := b.startWorker(ctx, ds.Addr, maxAct, *pollers); err != nil {
+// startIdleWorker starts the worker on the dev server at addr and records
+// its RSS once it has settled, idle: the base of the per-tablet figures.
+func (b *bench) startIdleWorker(ctx context.Context, addr string, o options, res *result) error {
+	publish.Logf("starting the worker: --max-concurrent-activities %d --pollers %d", o.maxActivities(), o.pollers)
+	if err := b.startWorker(ctx, addr, o.maxActivities(), o.pollers); err != nil {
 		return err
 	}
 	// The base: the idle worker, settled, before the stream starts.
 	if err := procs.Sleep(ctx, 5*time.Second); err != nil {
 		return err
 	}
+	var err error
 	if res.WorkerRSSBaseMiB, _, err = testbed.Memory(b.worker.Pid()); err != nil {
 		return err
 	}
 	publish.Logf("worker base RSS %.1f MiB", res.WorkerRSSBaseMiB)
+	return nil
+}
 
-	// The stream.
+// startStream starts the StreamWorkflow with cfg and watches it until
+// every tablet is Streaming, the deadline or an interrupt; it records the
+// start-up's wall time and CPU.
+func (b *bench) startStream(ctx context.Context, o options, cfg []byte, res *result) (watched, error) {
 	cpu0 := b.cpu()
 	began := time.Now()
 	b.began = began
 	if _, err := b.temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: streamID, TaskQueue: taskQueue},
 		"StreamWorkflow", json.RawMessage(cfg)); err != nil {
-		return fmt.Errorf("start the stream: %w", err)
+		return watched{}, fmt.Errorf("start the stream: %w", err)
 	}
-	w := b.watch(ctx, *tablets, *timeout, *poll, &res)
+	w := b.watch(ctx, o.tablets, o.timeout, o.poll, res)
 	res.StartupWallS = round(time.Since(began).Seconds())
 	res.CPUStartup = b.cpu().Minus(cpu0)
-	// Interrupted (Ctrl-C): the result still says how far it got.
-	interrupted := ctx.Err() != nil
-	if interrupted {
-		publish.Logf("interrupted: writing what was measured")
-	}
+	return w, nil
+}
+
+// recordStartup records where the start-up got to: whether and when
+// every tablet was Streaming and served, the last status read and the
+// worker's memory.
+func (b *bench) recordStartup(w watched, res *result) {
 	res.AllStreaming = w.allStreaming > 0
 	res.AllStreamingS, res.AllServedS = round(w.allStreaming.Seconds()), round(w.allServed.Seconds())
 	res.FinalStates, res.FinalStreaming, res.FinalServed, res.FinalRows = w.last.States, w.last.Streaming, w.last.Served, w.last.Rows
 	res.WorkerRSSMiB, res.WorkerPeakRSSMiB, _ = testbed.Memory(b.worker.Pid())
+}
 
-	if res.AllStreaming && *steady > 0 && !interrupted {
-		publish.Logf("every tablet streams after %v; steady window of %v", w.allStreaming.Round(100*time.Millisecond), *steady)
-		cpu1 := b.cpu()
-		t0 := time.Now()
-		for time.Since(t0) < *steady && ctx.Err() == nil {
-			_ = procs.Sleep(ctx, min(30*time.Second, *steady-time.Since(t0)))
-			s := sample{T: round(time.Since(b.began).Seconds())}
-			if st, _, took, err := b.status(ctx); err == nil {
-				s.Streaming, s.Rows, s.States, s.QueryS = st.streaming, st.rows, st.states, round(took.Seconds())
-			} else {
-				s.Err = clip(err.Error(), 400)
-			}
-			s.Served, _ = b.served(ctx)
-			if d, err := b.describe(ctx, streamID, ""); err == nil {
-				s.Run = d.GetWorkflowExecutionInfo().GetExecution().GetRunId()
-			}
-			s.WorkerRSS, _, _ = testbed.Memory(b.worker.Pid())
-			res.Samples = append(res.Samples, s)
-			publish.Logf("%5.0fs (steady): %d Streaming, run %s, worker RSS %.0f MiB %s", s.T, s.Streaming, short(s.Run), s.WorkerRSS, s.Err)
-		}
-		res.SteadyWindowS = round(time.Since(t0).Seconds())
-		res.CPUSteady = b.cpu().Minus(cpu1)
-		for _, s := range slices.Backward(res.Samples) {
-			if s.Err == "" {
-				res.SteadyStreaming = s.Streaming
-				break
-			}
-		}
-		res.WorkerRSSMiB, res.WorkerPeakRSSMiB, _ = testbed.Memory(b.worker.Pid())
+// steadyWindow keeps measuring for steady (or until interrupted) once
+// every tablet streams: a sample every 30 s, then the window's CPU, the
+// last tablets seen Streaming and the worker's memory.
+func (b *bench) steadyWindow(ctx context.Context, steady time.Duration, w watched, res *result) {
+	publish.Logf("every tablet streams after %v; steady window of %v", w.allStreaming.Round(100*time.Millisecond), steady)
+	cpu1 := b.cpu()
+	t0 := time.Now()
+	for time.Since(t0) < steady && ctx.Err() == nil {
+		_ = procs.Sleep(ctx, min(30*time.Second, steady-time.Since(t0)))
+		s := b.steadySample(ctx)
+		res.Samples = append(res.Samples, s)
+		publish.Logf("%5.0fs (steady): %d Streaming, run %s, worker RSS %.0f MiB %s", s.T, s.Streaming, short(s.Run), s.WorkerRSS, s.Err)
 	}
-	// What follows reads histories: its own deadline, and it runs even
-	// after an interrupt.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
-	defer cancel()
-	if n := float64(*tablets); n > 0 {
+	res.SteadyWindowS = round(time.Since(t0).Seconds())
+	res.CPUSteady = b.cpu().Minus(cpu1)
+	for _, s := range slices.Backward(res.Samples) {
+		if s.Err == "" {
+			res.SteadyStreaming = s.Streaming
+			break
+		}
+	}
+	res.WorkerRSSMiB, res.WorkerPeakRSSMiB, _ = testbed.Memory(b.worker.Pid())
+}
+
+// steadySample is the stream as seen now: the status query's counts (or
+// its error), the tablets tabletd served, the stream's run and the
+// worker's RSS.
+func (b *bench) steadySample(ctx context.Context) sample {
+	s := sample{T: round(time.Since(b.began).Seconds())}
+	if st, _, took, err := b.status(ctx); err == nil {
+		s.Streaming, s.Rows, s.States, s.QueryS = st.streaming, st.rows, st.states, round(took.Seconds())
+	} else {
+		s.Err = clip(err.Error(), 400)
+	}
+	s.Served, _ = b.served(ctx)
+	if d, err := b.describe(ctx, streamID, ""); err == nil {
+		s.Run = d.GetWorkflowExecutionInfo().GetExecution().GetRunId()
+	}
+	s.WorkerRSS, _, _ = testbed.Memory(b.worker.Pid())
+	return s
+}
+
+// finalFigures records the figures of the end: the worker's RSS per
+// tablet, the dev server's and tabletd's peak RSS, and the final status
+// query's size, time and counts.
+func (b *bench) finalFigures(ctx context.Context, tablets int, ds *testbed.DevServer, res *result) {
+	if n := float64(tablets); n > 0 {
 		res.WorkerRSSPerTabletKiB = round((res.WorkerRSSMiB - res.WorkerRSSBaseMiB) * 1024 / n)
 		res.WorkerPeakPerTabletKiB = round((res.WorkerPeakRSSMiB - res.WorkerRSSBaseMiB) * 1024 / n)
 	}
@@ -402,12 +524,16 @@ func run() error {
 		res.StatusQueryBytes, res.StatusQueryS = size, round(took.Seconds())
 		res.FinalStates, res.FinalStreaming, res.FinalRows = st.states, st.streaming, st.rows
 	}
+}
 
-	// Histories.
-	if err := b.runs(ctx, &res); err != nil {
+// histories records the stream's runs (and those started in the steady
+// window) and one tablet's history; a history it cannot read is logged
+// and left out.
+func (b *bench) histories(ctx context.Context, tablets int, res *result) {
+	if err := b.runs(ctx, res); err != nil {
 		publish.Logf("stream runs: %v", err)
 	}
-	res.StreamRunsExpected = (*tablets + maxChildrenPerRun - 1) / maxChildrenPerRun
+	res.StreamRunsExpected = (tablets + maxChildrenPerRun - 1) / maxChildrenPerRun
 	if res.SteadyWindowS > 0 {
 		for _, r := range res.Runs {
 			if r.StartedS > res.AllStreamingS {
@@ -421,24 +547,18 @@ func run() error {
 	} else {
 		publish.Logf("tablet history: %v", err)
 	}
+}
 
+// conclude records what each process logged at warn level and above, and
+// the verdict.
+func (b *bench) conclude(res *result, tablets int, w watched, interrupted bool) {
 	for _, p := range b.procs.List() {
 		res.Logged[p.Name] = scanLog(p.Log())
 	}
-	res.Verdict = verdict(&res, *tablets, w)
+	res.Verdict = verdict(res, tablets, w)
 	if interrupted {
 		res.Verdict = "interrupted before the deadline: " + res.Verdict
 	}
-	if !res.AllStreaming {
-		keepDir = true
-		res.Dir = dir
-	}
-	publish.Logf("%s", res.Verdict)
-
-	if err := publish.JSON(*out, res); err != nil {
-		return err
-	}
-	return nil
 }
 
 // verdict says the outcome in one paragraph.
