@@ -72,12 +72,7 @@ func TestDecodeRejectsBadPostgresSourcesNamingTheField(t *testing.T) {
 		{name: "unknown kind", in: edit(`"kind": "postgres"`, `"kind": "mysql"`), wantPrefix: `source.kind: "mysql": want "postgres" or "tabletd"`},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := config.Decode([]byte(tt.in))
-			require.Error(t, err)
-			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
-			require.Zero(t, got)
-		})
+		t.Run(tt.name, func(t *testing.T) { requireRejected(t, tt.in, tt.wantPrefix) })
 	}
 }
 
@@ -192,12 +187,7 @@ func TestDecodeRejectsBadTabletdAndJSONLSectionsNamingTheField(t *testing.T) {
 			wantPrefix: "sink.dsnEnv: unknown field"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := config.Decode([]byte(tt.in))
-			require.Error(t, err)
-			require.Truef(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "error %q does not start with %q", err, tt.wantPrefix)
-			require.Zero(t, got)
-		})
+		t.Run(tt.name, func(t *testing.T) { requireRejected(t, tt.in, tt.wantPrefix) })
 	}
 }
 
@@ -214,4 +204,14 @@ func TestEveryAdapterIsRegisteredAndOpensOnlyItsKind(t *testing.T) {
 	require.ErrorIs(t, err, config.ErrUnknownKind)
 	_, err = adapters.OpenSink(config.Sink{Kind: "kafka"}, "s")
 	require.ErrorIs(t, err, config.ErrUnknownKind)
+}
+
+// requireRejected decodes a stream config and requires an error that
+// starts with wantPrefix (the field at fault) and the zero Stream.
+func requireRejected(t *testing.T, in, wantPrefix string) {
+	t.Helper()
+	got, err := config.Decode([]byte(in))
+	require.Error(t, err)
+	require.Truef(t, strings.HasPrefix(err.Error(), wantPrefix), "error %q does not start with %q", err, wantPrefix)
+	require.Zero(t, got)
 }

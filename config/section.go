@@ -147,6 +147,14 @@ type Kind struct {
 	Snapshot bool
 }
 
+// Checker is a Kind's Check made from an adapter's parser of its section.
+func Checker[T any](parse func(section []byte) (T, error)) func(section []byte) error {
+	return func(section []byte) error {
+		_, err := parse(section)
+		return err
+	}
+}
+
 var kinds struct {
 	sync.RWMutex
 	source, sink map[string]Kind

@@ -100,14 +100,8 @@ func commandConstants(t *testing.T, dir string) map[string]string {
 func checkOperatorCommands(root string, commands []string) []string {
 	const file, title = "docs/operating.md", "Operator commands"
 	var p problems
-	d, err := newDocSet(root).load(file)
-	if err != nil {
-		p.add(file, 0, "%v", err)
-		return p
-	}
-	from, to, ok := d.section(2, title)
+	d, from, to, ok := loadSection(root, file, title, &p)
 	if !ok {
-		p.add(file, 0, "no \"## %s\" section", title)
 		return p
 	}
 	found := map[string]int{}

@@ -153,14 +153,8 @@ var codePathRe = regexp.MustCompile("^`([^`]+)`$")
 func checkConfigReference(root string, roots []configRoot) []string {
 	const file, title = "docs/operating.md", "Config reference"
 	var p problems
-	d, err := newDocSet(root).load(file)
-	if err != nil {
-		p.add(file, 0, "%v", err)
-		return p
-	}
-	from, to, ok := d.section(2, title)
+	d, from, to, ok := loadSection(root, file, title, &p)
 	if !ok {
-		p.add(file, 0, "no \"## %s\" section", title)
 		return p
 	}
 	all, required := configFields(roots)

@@ -184,14 +184,8 @@ func sdkMetricNames(t *testing.T) map[string]bool {
 func checkMetrics(root string, m metricSet) []string {
 	const file, title = "docs/production.md", "Metrics"
 	var p problems
-	d, err := newDocSet(root).load(file)
-	if err != nil {
-		p.add(file, 0, "%v", err)
-		return p
-	}
-	from, to, ok := d.section(2, title)
+	d, from, to, ok := loadSection(root, file, title, &p)
 	if !ok {
-		p.add(file, 0, "no \"## %s\" section", title)
 		return p
 	}
 	sdkPrefix := strings.TrimSuffix(m.sdkPattern, "*")

@@ -119,3 +119,17 @@ func loadDocs(root string, p *problems) (*docSet, []*mdDoc) {
 	}
 	return set, docs
 }
+
+// loadSection loads file under root and finds its "## title" section; what
+// stops it is added to p.
+func loadSection(root, file, title string, p *problems) (d *mdDoc, from, to int, ok bool) {
+	d, err := newDocSet(root).load(file)
+	if err != nil {
+		p.add(file, 0, "%v", err)
+		return nil, 0, 0, false
+	}
+	if from, to, ok = d.section(2, title); !ok {
+		p.add(file, 0, "no \"## %s\" section", title)
+	}
+	return d, from, to, ok
+}

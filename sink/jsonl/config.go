@@ -17,10 +17,7 @@ type Config struct {
 
 // Adapter is the JSONL sink's kind "jsonl".
 var Adapter = sink.Adapter{
-	Kind: config.Kind{Name: "jsonl", Config: Config{}, Check: func(section []byte) error {
-		_, err := ParseConfig(section)
-		return err
-	}},
+	Kind: config.Kind{Name: "jsonl", Config: Config{}, Check: config.Checker(ParseConfig)},
 	Open: func(cfg config.Sink, stream string) (sink.Sink, error) {
 		c, err := ParseConfig(cfg.Spec)
 		if err != nil {

@@ -43,10 +43,7 @@ const openTimeout = 30 * time.Second
 
 // Adapter is the PostgreSQL sink's kind "postgres".
 var Adapter = sink.Adapter{
-	Kind: config.Kind{Name: "postgres", Config: Config{}, Check: func(section []byte) error {
-		_, err := ParseConfig(section)
-		return err
-	}},
+	Kind: config.Kind{Name: "postgres", Config: Config{}, Check: config.Checker(ParseConfig)},
 	Open: func(cfg config.Sink, stream string) (sink.Sink, error) {
 		c, err := ParseConfig(cfg.Spec)
 		if err != nil {

@@ -36,10 +36,7 @@ type ShardReplica struct {
 
 // Adapter is the PostgreSQL source's kind "postgres".
 var Adapter = source.Adapter{
-	Kind: config.Kind{Name: "postgres", Config: Config{}, Snapshot: true, Check: func(section []byte) error {
-		_, err := ParseConfig(section)
-		return err
-	}},
+	Kind: config.Kind{Name: "postgres", Config: Config{}, Snapshot: true, Check: config.Checker(ParseConfig)},
 	Open: func(cfg config.Source) (source.Source, error) {
 		c, err := ParseConfig(cfg.Spec)
 		if err != nil {

@@ -31,10 +31,7 @@ type Config struct {
 
 // Adapter is the tabletd source's kind "tabletd".
 var Adapter = source.Adapter{
-	Kind: config.Kind{Name: "tabletd", Config: Config{}, Check: func(section []byte) error {
-		_, err := ParseConfig(section)
-		return err
-	}},
+	Kind: config.Kind{Name: "tabletd", Config: Config{}, Check: config.Checker(ParseConfig)},
 	Open: func(cfg config.Source) (source.Source, error) { return Open(cfg) },
 }
 
