@@ -29,9 +29,11 @@ type Resources struct {
 	NewSource func(cfg config.Source) (source.Source, error)
 	NewSink   func(cfg config.Sink, stream string) (sink.Sink, error)
 
+	// mu guards the maps; opening makes each source or sink once.
 	mu      sync.Mutex
 	sources map[sourceKey]source.Source
 	sinks   map[sinkKey]sink.Sink
+	opening singleflight.Group
 	// listing shares topology reads between tablet pickers (see Tablets).
 	listing singleflight.Group
 }
@@ -94,46 +96,58 @@ func NewResources() *Resources {
 
 // Source returns the shared client for a source config.
 func (r *Resources) Source(cfg config.Source) (source.Source, error) {
-	key := sourceKey{kind: cfg.Kind, spec: canonical(cfg.Spec, "tables")}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if s := r.sources[key]; s != nil {
-		return s, nil
-	}
 	if r.NewSource == nil {
 		return nil, fmt.Errorf("source.kind: %w %q", errUnknownKind, cfg.Kind)
 	}
-	s, err := r.NewSource(cfg)
-	if err != nil {
-		return nil, err
-	}
-	if r.sources == nil {
-		r.sources = map[sourceKey]source.Source{}
-	}
-	r.sources[key] = s
-	return s, nil
+	key := sourceKey{kind: cfg.Kind, spec: canonical(cfg.Spec, "tables")}
+	return shared(r, &r.sources, key, func() (source.Source, error) { return r.NewSource(cfg) })
 }
 
 // Sink returns the shared sink of a stream.
 func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
-	key := sinkKey{kind: cfg.Kind, spec: canonical(cfg.Spec), stream: stream}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if s := r.sinks[key]; s != nil {
-		return s, nil
-	}
 	if r.NewSink == nil {
 		return nil, fmt.Errorf("sink.kind: %w %q", errUnknownKind, cfg.Kind)
 	}
-	s, err := r.NewSink(cfg, stream)
+	key := sinkKey{kind: cfg.Kind, spec: canonical(cfg.Spec), stream: stream}
+	return shared(r, &r.sinks, key, func() (sink.Sink, error) { return r.NewSink(cfg, stream) })
+}
+
+// shared returns what *cache holds under key, opening it once however many
+// callers ask at the same time. The lock guards the maps only, never an
+// open: a source or sink that hangs while it connects holds up the callers
+// of its own key, not every stream on the worker. A failed open is not
+// kept: the next caller tries again.
+func shared[K comparable, V any](r *Resources, cache *map[K]V, key K, open func() (V, error)) (V, error) {
+	lookup := func() (V, bool) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		v, ok := (*cache)[key]
+		return v, ok
+	}
+	if v, ok := lookup(); ok {
+		return v, nil
+	}
+	v, err, _ := r.opening.Do(fmt.Sprintf("%T %v", key, key), func() (any, error) {
+		if v, ok := lookup(); ok {
+			return v, nil
+		}
+		v, err := open()
+		if err != nil {
+			return nil, err
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if *cache == nil {
+			*cache = map[K]V{}
+		}
+		(*cache)[key] = v
+		return v, nil
+	})
 	if err != nil {
-		return nil, err
+		var zero V
+		return zero, err
 	}
-	if r.sinks == nil {
-		r.sinks = map[sinkKey]sink.Sink{}
-	}
-	r.sinks[key] = s
-	return s, nil
+	return v.(V), nil
 }
 
 // Close closes every source and sink.

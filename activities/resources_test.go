@@ -2,7 +2,9 @@ package activities
 
 import (
 	"encoding/json"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -58,4 +60,49 @@ func TestSourcesAreSharedAcrossTables(t *testing.T) {
 	_, err := r.Source(section(`{"kind":"tabletd","address":"h:2","keyspace":"k"}`))
 	require.NoError(t, err)
 	require.Equal(t, 2, opened, "another address, another client")
+}
+
+// TestAHungSinkDoesNotStopAnotherStreamsSink: opening stream A's sink
+// hangs (a database that accepts connections and never answers); stream
+// B's sink on the same worker still opens at once, and the callers waiting
+// for A share its one open instead of each starting another.
+func TestAHungSinkDoesNotStopAnotherStreamsSink(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	var mu sync.Mutex
+	opens := map[string]int{}
+	r := NewResources()
+	r.NewSink = func(_ config.Sink, stream string) (sink.Sink, error) {
+		mu.Lock()
+		opens[stream]++
+		mu.Unlock()
+		if stream == "a" {
+			<-release
+		}
+		return newMemSink(&callLog{}), nil
+	}
+	cfg := config.Sink{Kind: "postgres", Spec: json.RawMessage(`{"kind":"postgres","dsnEnv":"D"}`)}
+	for range 3 {
+		go func() { _, _ = r.Sink(cfg, "a") }()
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return opens["a"] == 1
+	}, 5*time.Second, 5*time.Millisecond, "a's open never started")
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Sink(cfg, "b")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("stream b's sink waited for stream a's hung open")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, opens["a"], "callers waiting for a share one open")
 }
