@@ -215,6 +215,7 @@ func (t *tablet) handle(ctx workflow.Context, cmd TabletCommand) (interrupt bool
 		t.st.Stop = true
 	case CmdInclude:
 		t.st.Exclude = t.st.Exclude.Remove(cmd.Aliases...)
+		t.in.Exclude = t.in.Exclude.Remove(cmd.Aliases...)
 		t.st.Status.Excluded = t.liveExclusions(ctx)
 	case CmdConfigure:
 		if cmd.Tunables != nil {

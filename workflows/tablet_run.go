@@ -33,7 +33,15 @@ func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, erro
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: t.in.Config.Source,
 		Selection: t.in.Config.Selection, Exclude: t.liveExclusions(ctx),
 	}
-	in.Operator, in.OperatorKnown, in.OperatorFallback = t.in.Exclude, !t.st.Selected, t.st.Selected
+	// The operator's list the stream started the tablet with is current
+	// for its first selection only (the stream, busy starting every
+	// tablet, is not asked). Every later one reads the stream's current
+	// list, so an include or an exclusion made since counts, also for a
+	// tablet that has never selected a replica; the start-time list, less
+	// what includes lifted since, is only the fallback of a stream that
+	// does not answer.
+	first := !t.st.Selected && t.st.Status.State == Starting
+	in.Operator, in.OperatorKnown, in.OperatorFallback = t.in.Exclude, first, !first
 	err := workflow.ExecuteLocalActivity(actx, a.SelectReplica, in).Get(ctx, &sel)
 	if err == nil {
 		t.st.Selected = true
