@@ -38,6 +38,10 @@ var (
 	errExpired = errors.New("no replica of the shard can serve the checkpoint")
 	// errNoDSN: a replica's DSN variable is not set in the worker.
 	errNoDSN = errors.New("DSN environment variable not set")
+	// errPublication: the stream's publication is missing or does not
+	// publish what the stream reads (see publicationError); checked at
+	// every reader start.
+	errPublication = errors.New("the stream's publication does not publish what it reads")
 )
 
 // timelineError: a replica's server is on another timeline than the one
@@ -61,11 +65,11 @@ func (e *timelineError) Unwrap() error { return errTimeline }
 // Classify maps an error from the adapter or from PostgreSQL to an action.
 // It reads the adapter's typed errors and SQLSTATE codes; a message text is
 // consulted only where one code covers cases that need different actions
-// (55000, 40001, 42704), as the research note's table lists:
+// (55000, 40001), as the research note's table lists:
 //
 //	slot ahead of the checkpoint                 → RetryElsewhere POSITION_MISMATCH
 //	replica on another timeline than the stream's → RetryElsewhere TIMELINE_MISMATCH
-//	slot missing, 42704 (slot)                   → RetryElsewhere SLOT_MISSING
+//	slot missing                                 → RetryElsewhere SLOT_MISSING
 //	slot invalidated, 55000 "can no longer …",
 //	40001 "… slot that must be invalidated"      → RetryElsewhere SLOT_INVALIDATED
 //	58P01 WAL segment removed                    → RetryElsewhere WAL_REMOVED
@@ -75,7 +79,10 @@ func (e *timelineError) Unwrap() error { return errTimeline }
 //	delivered commits still invisible to a snapshot select → RetrySame COMMIT_NOT_VISIBLE
 //	55006 slot active, 57P01-57P03, class 08, connection and
 //	network errors, timeouts, other 40001/55000  → RetrySame
-//	42704 publication, 28000, 28P01, 42501, a DSN variable not set,
+//	42704 (a slot or the publication gone since the reader's start
+//	checked both; the next start tells which)    → RetrySame UNDEFINED_OBJECT
+//	publication missing or not publishing what the stream reads,
+//	28000, 28P01, 42501, a DSN variable not set,
 //	a bad checkpoint, an unknown tablet or replica → Fatal
 func Classify(err error) source.Classification {
 	c := func(a source.Action, reason string) source.Classification {
@@ -96,6 +103,8 @@ func Classify(err error) source.Classification {
 		return c(source.RetryElsewhere, "SLOT_INVALIDATED")
 	case errors.Is(err, errNotVisible):
 		return c(source.RetrySame, "COMMIT_NOT_VISIBLE")
+	case errors.Is(err, errPublication):
+		return c(source.Fatal, "PUBLICATION_MISSING")
 	case errors.Is(err, errNoDSN):
 		return c(source.Fatal, "NO_DSN")
 	case errors.Is(err, source.ErrBadCheckpoint):
@@ -146,11 +155,11 @@ func classifyCode(pg *pgconn.PgError) source.Classification {
 		return c(source.RetrySame, "RECOVERY_CONFLICT")
 	case "0A000": // feature_not_supported: decoding not possible here
 		return c(source.RetryElsewhere, "NOT_CONFIGURED")
-	case "42704": // undefined_object: a slot (elsewhere) or the publication (setup)
-		if strings.Contains(msg, "publication") {
-			return c(source.Fatal, "PUBLICATION_MISSING")
-		}
-		return c(source.RetryElsewhere, "SLOT_MISSING")
+	case "42704": // undefined_object: the slot (START_REPLICATION) or, on 16 and 17,
+		// the publication (decoding) went after the reader's start checked
+		// both; a retry's start tells which (SLOT_MISSING, PUBLICATION_MISSING).
+		// PostgreSQL 18 sends no error for a missing publication at all.
+		return c(source.RetrySame, "UNDEFINED_OBJECT")
 	case "58P01": // undefined_file: a WAL segment already removed
 		return c(source.RetryElsewhere, "WAL_REMOVED")
 	case "53300", "53400": // too many connections / wal senders; configuration limit (slots)

@@ -45,8 +45,13 @@ func TestClassifyBySQLStateAndTypedErrors(t *testing.T) {
 		{"40001 slot conflict on a standby", pg("40001", "terminating connection due to conflict with recovery", "User was using a logical replication slot that must be invalidated."), source.RetryElsewhere, "SLOT_INVALIDATED (40001)"},
 		{"40001 other recovery conflict", pg("40001", "canceling statement due to conflict with recovery", "User query might have needed to see row versions that must be removed."), source.RetrySame, "RECOVERY_CONFLICT (40001)"},
 		{"0A000 not while in recovery", pg("0A000", "logical replication slot cannot be used while in recovery", ""), source.RetryElsewhere, "NOT_CONFIGURED (0A000)"},
-		{"42704 slot does not exist", pg("42704", `replication slot "tf_x_s1" does not exist`, ""), source.RetryElsewhere, "SLOT_MISSING (42704)"},
-		{"42704 publication does not exist", pg("42704", `publication "tabletflow_x" does not exist`, ""), source.Fatal, "PUBLICATION_MISSING (42704)"},
+		// 42704 by its code alone: what went (a slot, the publication) is
+		// told by the next start's checks, not by the message.
+		{"42704 slot does not exist", pg("42704", `replication slot "tf_x_s1" does not exist`, ""), source.RetrySame, "UNDEFINED_OBJECT (42704)"},
+		{"42704 publication does not exist", pg("42704", `publication "tabletflow_x" does not exist`, ""), source.RetrySame, "UNDEFINED_OBJECT (42704)"},
+		{"42704 in another language", pg("42704", `la publication « tabletflow_x » n'existe pas`, ""), source.RetrySame, "UNDEFINED_OBJECT (42704)"},
+		{"publication missing (ours)", fmt.Errorf("start: %w", &publicationError{pub: "tabletflow_x", alias: "zone1-s1p", missing: true}), source.Fatal, "PUBLICATION_MISSING"},
+		{"publication lacks a table (ours)", &publicationError{pub: "tabletflow_x", alias: "zone1-s1p", tables: []string{"public.items"}}, source.Fatal, "PUBLICATION_MISSING"},
 		{"58P01 WAL removed", pg("58P01", "requested WAL segment 000000010000000000000001 has already been removed", ""), source.RetryElsewhere, "WAL_REMOVED (58P01)"},
 		{"53300 too many connections", pg("53300", "sorry, too many clients already", ""), source.RetryElsewhere, "NO_CAPACITY (53300)"},
 		{"53400 all slots in use", pg("53400", "all replication slots are in use", ""), source.RetryElsewhere, "NO_CAPACITY (53400)"},

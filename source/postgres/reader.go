@@ -214,9 +214,13 @@ func (r *Reader) Close() error {
 	return nil
 }
 
-// start checks that the replica can serve from (its timeline, then its
-// slot), and starts replication at it.
+// start checks that the stream's publication publishes what it reads and
+// that the replica can serve from (its timeline, then its slot), and
+// starts replication at it.
 func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoint) error {
+	if err := r.checkPublication(ctx, stream); err != nil {
+		return err
+	}
 	meta, err := r.meta(ctx, stream)
 	if err != nil {
 		return err
