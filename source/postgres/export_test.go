@@ -19,3 +19,20 @@ func SetSnapshotHook(f func(step string)) (restore func()) {
 	snapshotHook = f
 	return func() { snapshotHook = nil }
 }
+
+// SetStatusEvery sets how long a reader goes without telling the server
+// its committed position while it reads (0: at every read), until the
+// returned function restores it.
+func SetStatusEvery(d time.Duration) (restore func()) {
+	old := statusEvery
+	statusEvery = d
+	return func() { statusEvery = old }
+}
+
+// BreakConnection closes the reader's replication connection under it, as
+// a network failure would: its next use fails.
+func BreakConnection(r *Reader) {
+	if r.conn != nil {
+		_ = r.conn.Conn().Close()
+	}
+}

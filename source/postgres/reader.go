@@ -13,11 +13,12 @@ import (
 	"github.com/tabletflow/tabletflow/source"
 )
 
+// statusEvery: a standby status update (our committed position) goes to
+// the server at least this often while reading, well within
+// walSenderTimeout (a variable for tests).
+var statusEvery = 5 * time.Second
+
 const (
-	// statusEvery: a standby status update (our committed position) goes
-	// to the server at least this often while reading, well within
-	// walSenderTimeout.
-	statusEvery = 5 * time.Second
 	// linger: once a batch has records, how long it may wait in all for
 	// more that are already on their way before it is returned.
 	linger = 20 * time.Millisecond
@@ -50,7 +51,10 @@ type Reader struct {
 	// pos: everything up to it was returned by GetChanges (the checkpoint
 	// the next call continues from).
 	pos source.Checkpoint
-	// acked: the committed checkpoint's LSN, as sent to the server.
+	// acked: the committed checkpoint's LSN, as sent to the server: only
+	// ever what Ack was told (the sink committed it) or what the slot had
+	// already confirmed, never where a reconnect starts (a batch handed
+	// out may not be committed yet).
 	acked pglogrepl.LSN
 	// idle: a WAL position up to which every transaction was received, seen
 	// with no transaction open (a keepalive, a heartbeat message, an empty
@@ -229,7 +233,7 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 	if err != nil {
 		return err
 	}
-	from, err = r.servable(ctx, conn, stream, from, meta.Timeline)
+	from, confirmed, err := r.servable(ctx, conn, stream, from, meta.Timeline)
 	if err == nil {
 		err = pglogrepl.StartReplication(ctx, conn, SlotName(stream, r.sh.id), pglogrepl.LSN(from.Term), pglogrepl.StartReplicationOptions{
 			Mode: pglogrepl.LogicalReplication,
@@ -241,8 +245,13 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 		_ = conn.Close(context.Background())
 		return err
 	}
+	if r.stream != stream {
+		r.acked = 0 // another stream's
+	}
 	r.conn, r.stream, r.pos = conn, stream, from
-	r.acked = pglogrepl.LSN(from.Term)
+	// Not from: after a failed Ack the reader reconnects where it goes
+	// on reading, past batches the sink has not committed.
+	r.acked = max(r.acked, confirmed)
 	r.idle = 0
 	r.rels = map[uint32]*relation{}
 	if r.snap, err = r.openSnapshot(ctx, stream, meta); err != nil {
@@ -264,32 +273,33 @@ func (r *Reader) meta(ctx context.Context, stream string) (streamMeta, error) {
 }
 
 // servable returns where to start the replica's slot for from (from
-// itself, or the slot's position for a zero from), or why the replica
+// itself, or the slot's position for a zero from) and the slot's confirmed
+// position, or why the replica
 // cannot serve it: its server is on another timeline than the stream's
 // checkpoints (tli, the stream's; 0: not recorded, not checked), or its
 // slot is missing, invalidated or past from. conn is the replica's
 // replication connection, on which IDENTIFY_SYSTEM tells the server's
 // timeline (on a standby, the one it replays).
-func (r *Reader) servable(ctx context.Context, conn *pgconn.PgConn, stream string, from source.Checkpoint, tli int32) (source.Checkpoint, error) {
+func (r *Reader) servable(ctx context.Context, conn *pgconn.PgConn, stream string, from source.Checkpoint, tli int32) (source.Checkpoint, pglogrepl.LSN, error) {
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
-		return from, fmt.Errorf("identify system on %s: %w", r.rep.cfg.Alias, err)
+		return from, 0, fmt.Errorf("identify system on %s: %w", r.rep.cfg.Alias, err)
 	}
 	if tli != 0 && sys.Timeline != tli {
-		return from, r.src.unservable(ctx, stream, r.sh, from, tli, &timelineError{alias: r.rep.cfg.Alias, server: sys.Timeline, stream: tli})
+		return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, &timelineError{alias: r.rep.cfg.Alias, server: sys.Timeline, stream: tli})
 	}
 	name := SlotName(stream, r.sh.id)
 	row, err := r.rep.slot(ctx, name)
 	if err != nil {
-		return from, err
+		return from, 0, err
 	}
 	switch {
 	case !row.exists:
 		// Re-create it now: it serves once the checkpoint passes its start.
 		if _, err := r.src.ensureSlot(ctx, stream, r.sh, r.rep); err != nil {
-			return from, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s; re-creating it failed: %v)", errSlotMissing, r.rep.cfg.Alias, err))
+			return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s; re-creating it failed: %v)", errSlotMissing, r.rep.cfg.Alias, err))
 		}
-		return from, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s; re-created, usable once the checkpoint passes its start)", errSlotMissing, r.rep.cfg.Alias))
+		return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s; re-created, usable once the checkpoint passes its start)", errSlotMissing, r.rep.cfg.Alias))
 	case row.invalidated != "":
 		// An invalidated slot never serves again: make a new one, which
 		// serves once the checkpoint passes its start.
@@ -297,19 +307,19 @@ func (r *Reader) servable(ctx context.Context, conn *pgconn.PgConn, stream strin
 		if err := r.src.recreateSlot(ctx, stream, r.sh, r.rep); err != nil {
 			cause = fmt.Errorf("%w; re-creating it failed: %v", cause, err)
 		}
-		return from, r.src.unservable(ctx, stream, r.sh, from, tli, cause)
+		return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, cause)
 	case !from.IsZero() && uint64(row.confirmed) > from.Term:
-		return from, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s: slot at %s, checkpoint at %s)",
+		return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s: slot at %s, checkpoint at %s)",
 			errSlotAhead, r.rep.cfg.Alias, row.confirmed, pglogrepl.LSN(from.Term)))
 	case row.activePID != nil:
 		if err := r.freeSlot(ctx, name, stream); err != nil {
-			return from, err
+			return from, 0, err
 		}
 	}
 	if from.IsZero() {
 		from = source.Checkpoint{Term: uint64(row.confirmed)}
 	}
-	return from, nil
+	return from, row.confirmed, nil
 }
 
 // appName names our replication sessions (pg_stat_replication's
@@ -499,7 +509,8 @@ func (r *Reader) add(rel uint32, op source.Op, oldType uint8, old, new *pglogrep
 
 // keyOf marks a relation's primary key columns, read from the replica's
 // catalog (once per relation description); a table without a primary key
-// is keyed by its replica identity's columns.
+// is keyed by its replica identity index's columns, and has no key under
+// REPLICA IDENTITY FULL.
 func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
 	pool, err := r.rep.poolOf()
 	if err != nil {
@@ -526,7 +537,10 @@ func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
 	}
 	key := make([]bool, len(rel.Columns))
 	for i, c := range rel.Columns {
-		key[i] = pk[c.Name] || len(pk) == 0 && c.Flags&1 == 1
+		// Under REPLICA IDENTITY FULL every column is flagged: a table
+		// without a primary key then has no key ({}), its rows told apart
+		// by their values only.
+		key[i] = pk[c.Name] || len(pk) == 0 && c.Flags&1 == 1 && rel.ReplicaIdentity != 'f'
 	}
 	return key, nil
 }
