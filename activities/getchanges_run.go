@@ -170,7 +170,9 @@ func (r *changesRun) checkReplica() error {
 // so). Sink errors are never the replica's (sinkError).
 func (r *changesRun) openSink() (ok bool, err error) {
 	snk, err := r.a.Resources.Sink(r.in.Sink, r.in.Stream)
-	if errors.Is(err, errUnknownKind) {
+	var bad *config.FieldError
+	if errors.Is(err, config.ErrUnknownKind) || errors.As(err, &bad) {
+		// A config this worker cannot take: trying again changes nothing.
 		return false, fatalf("%v", err)
 	}
 	if err != nil {

@@ -61,10 +61,6 @@ func (r *Resources) Tablets(ctx context.Context, src source.Source) ([]source.Ta
 	}
 }
 
-// errUnknownKind: a config names an adapter this worker does not have, a
-// config error rather than trouble with the source or sink.
-var errUnknownKind = config.ErrUnknownKind
-
 // sourceKey is what identifies a source client: its section but the
 // tables (a connection serves any tables).
 type sourceKey struct{ kind, spec string }
@@ -72,10 +68,20 @@ type sourceKey struct{ kind, spec string }
 // sinkKey identifies a stream's sink: its whole section and the stream.
 type sinkKey struct{ kind, spec, stream string }
 
-// canonical is a section's JSON with the keys of every object sorted and
-// the named top-level keys left out, so two spellings of one section share
-// a client.
-func canonical(spec json.RawMessage, drop ...string) string {
+// sectionKey is what identifies a section's client: the section as its
+// kind's parser reads it (defaults filled, paths cleaned, so a stream's
+// section as an older worker wrote it and as the operator gave it share
+// one), with the keys of every object sorted and the named top-level keys
+// left out. A kind this program has no parser for keys by its JSON as
+// given.
+func sectionKey(kinds map[string]config.Kind, kind string, spec json.RawMessage, drop ...string) string {
+	if k, ok := kinds[kind]; ok {
+		if v, err := k.Parse(spec); err == nil {
+			if b, err := json.Marshal(v); err == nil {
+				spec = b
+			}
+		}
+	}
 	dec := json.NewDecoder(bytes.NewReader(spec))
 	dec.UseNumber()
 	var fields map[string]any
@@ -97,18 +103,18 @@ func NewResources() *Resources {
 // Source returns the shared client for a source config.
 func (r *Resources) Source(cfg config.Source) (source.Source, error) {
 	if r.NewSource == nil {
-		return nil, fmt.Errorf("source.kind: %w %q", errUnknownKind, cfg.Kind)
+		return nil, fmt.Errorf("source.kind: %w %q", config.ErrUnknownKind, cfg.Kind)
 	}
-	key := sourceKey{kind: cfg.Kind, spec: canonical(cfg.Spec, "tables")}
+	key := sourceKey{kind: cfg.Kind, spec: sectionKey(config.SourceKinds(), cfg.Kind, cfg.Spec, "tables")}
 	return shared(r, &r.sources, key, func() (source.Source, error) { return r.NewSource(cfg) })
 }
 
 // Sink returns the shared sink of a stream.
 func (r *Resources) Sink(cfg config.Sink, stream string) (sink.Sink, error) {
 	if r.NewSink == nil {
-		return nil, fmt.Errorf("sink.kind: %w %q", errUnknownKind, cfg.Kind)
+		return nil, fmt.Errorf("sink.kind: %w %q", config.ErrUnknownKind, cfg.Kind)
 	}
-	key := sinkKey{kind: cfg.Kind, spec: canonical(cfg.Spec), stream: stream}
+	key := sinkKey{kind: cfg.Kind, spec: sectionKey(config.SinkKinds(), cfg.Kind, cfg.Spec), stream: stream}
 	return shared(r, &r.sinks, key, func() (sink.Sink, error) { return r.NewSink(cfg, stream) })
 }
 

@@ -1,12 +1,14 @@
 package activities
 
 import (
+	"context"
 	"encoding/json"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/temporal"
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
@@ -105,4 +107,42 @@ func TestAHungSinkDoesNotStopAnotherStreamsSink(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, 1, opens["a"], "callers waiting for a share one open")
+}
+
+// TestASinkSectionItsAdapterRefusesFailsTheTablet: a sink config the
+// worker's adapter cannot take fails the tablet with the field at fault
+// (Fatal, CONFIG), instead of being retried forever as a sink outage.
+func TestASinkSectionItsAdapterRefusesFailsTheTablet(t *testing.T) {
+	r := newRig(t)
+	r.a.Resources.NewSink = func(config.Sink, string) (sink.Sink, error) {
+		return nil, config.InSection("sink", config.FieldErr("schema", `"Tf": want 1 to 63 of a-z`))
+	}
+	_, err := r.run(r.activityEnv(context.Background()), input())
+	var appErr *temporal.ApplicationError
+	require.ErrorAs(t, err, &appErr)
+	require.True(t, appErr.NonRetryable())
+	require.Equal(t, ErrFatal, appErr.Type())
+	require.ErrorContains(t, err, "sink.schema:")
+}
+
+// TestOneStreamsSinkIsOneClientWhateverWorkerWroteItsSection: a tablet's
+// sink section as an older worker encoded it (defaults filled in) and as
+// the operator gave it share one sink, as do paths spelled two ways.
+func TestOneStreamsSinkIsOneClientWhateverWorkerWroteItsSection(t *testing.T) {
+	opened := 0
+	r := NewResources()
+	r.NewSink = func(config.Sink, string) (sink.Sink, error) { opened++; return newMemSink(&callLog{}), nil }
+	for _, spec := range []string{
+		`{"kind":"postgres","dsnEnv":"D"}`,
+		`{"kind":"postgres","dsnEnv":"D","mode":"changelog","schema":"tabletflow"}`,
+	} {
+		_, err := r.Sink(config.Sink{Kind: "postgres", Spec: json.RawMessage(spec)}, "orders")
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, opened, "a postgres sink's defaults, written or not, are one section")
+	for _, spec := range []string{`{"kind":"jsonl","path":"/data/orders/"}`, `{"kind":"jsonl","path":"/data/orders"}`} {
+		_, err := r.Sink(config.Sink{Kind: "jsonl", Spec: json.RawMessage(spec)}, "orders")
+		require.NoError(t, err)
+	}
+	require.Equal(t, 2, opened, "one jsonl directory spelled two ways is one sink")
 }

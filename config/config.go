@@ -397,10 +397,8 @@ func (t Tunables) Validate() error {
 			return fieldErr(fmt.Sprintf("selection.tabletTypes[%d]", i), "%q: want PRIMARY, REPLICA or RDONLY, each once", typ)
 		}
 	}
-	if sel.MaxLag <= 0 {
-		// At start a 0 is the default (Defaults); configure must not make
-		// it mean something else.
-		return fieldErr("selection.maxLag", "must be positive (leave it out for the default %v)", DefaultMaxLag)
+	if sel.MaxLag < 0 {
+		return fieldErr("selection.maxLag", "must not be negative")
 	}
 	r := t.Retry
 	switch {
@@ -416,11 +414,7 @@ func (t Tunables) Validate() error {
 		return fieldErr("autoExcludeTTL", "must be positive")
 	case t.Batch.MaxRecords < 1 || t.Batch.MaxRecords > MaxBatchRecords:
 		return fieldErr("batch.maxRecords", "%d not in [1, %d]", t.Batch.MaxRecords, MaxBatchRecords)
-	case t.Batch.MaxWait <= 0:
-		// An idle tablet would poll in a tight loop; at start a 0 is the
-		// default (Defaults).
-		return fieldErr("batch.maxWait", "must be positive (leave it out for the default)")
-	case t.Batch.MaxWait.D() > MaxBatchWait:
+	case t.Batch.MaxWait < 0 || t.Batch.MaxWait.D() > MaxBatchWait:
 		return fieldErr("batch.maxWait", "%v not in [0, %v]", t.Batch.MaxWait, MaxBatchWait)
 	case t.Batch.LingerD() < 0 || t.Batch.LingerD() > MaxBatchWait:
 		return fieldErr("batch.linger", "%v not in [0, %v]", t.Batch.LingerD(), MaxBatchWait)
@@ -444,6 +438,23 @@ func (t Tunables) Validate() error {
 		return fieldErr("run.heartbeatTimeout", "%v: must be at least twice batch.maxWait (%v)", t.Run.HeartbeatTimeout, t.Batch.MaxWait)
 	}
 	return nil
+}
+
+// ValidateChange checks the tunables a configure update asks for:
+// Validate's checks, and a selection.maxLag or batch.maxWait of 0 is
+// refused. A stream's own config never holds one (at start a 0 takes the
+// default), so through configure it would mean something else: no lag
+// limit, and an idle tablet polling in a tight loop. Validate itself keeps
+// taking them: an update accepted before this rule is applied again, as
+// it was, when its history replays.
+func (t Tunables) ValidateChange() error {
+	switch {
+	case t.Selection.MaxLag == 0:
+		return fieldErr("selection.maxLag", "must be positive (leave it out to keep the current value)")
+	case t.Batch.MaxWait == 0:
+		return fieldErr("batch.maxWait", "must be positive (leave it out to keep the current value)")
+	}
+	return t.Validate()
 }
 
 // Validate checks an exclude-list entry; field prefixes error fields.

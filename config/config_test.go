@@ -173,6 +173,13 @@ func TestDecodeRejectsBadConfigsNamingTheField(t *testing.T) {
 		// A source kind no adapter is registered for.
 		{name: "unknown source kind", in: `{"source": {"kind": "kafka"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
 			wantPrefix: `source.kind: "kafka": want "tabletd"`},
+		// The fields common to every kind are checked with their path.
+		{name: "source kind not a string", in: `{"source": {"kind": 5}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: `source.kind: wrong type: got JSON number`},
+		{name: "source tables not a list", in: `{"source": {"kind": "tabletd", "tables": "orders"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
+			wantPrefix: `source.tables: wrong type: got JSON string`},
+		{name: "sink kind not a string", in: `{"source": {"kind": "tabletd"}, "sink": {"kind": ["jsonl"]}}`,
+			wantPrefix: `sink.kind: wrong type: got JSON array`},
 		// A source section that is not an object.
 		{name: "source not an object", in: `{"source": "tabletd", "sink": {"kind": "jsonl", "path": "/x"}}`,
 			wantPrefix: `source: wrong type: want a JSON object`},
@@ -459,12 +466,9 @@ func TestTunablesValidate(t *testing.T) {
 		// A duplicate tablet type.
 		{name: "duplicate tablet type", edit: func(tu *Tunables) { tu.Selection.TabletTypes = []string{"RDONLY", "PRIMARY", "RDONLY"} },
 			wantPrefix: "selection.tabletTypes[2]:"},
-		// Zero maxLag or maxWait, as configure may send them ("0s"): at
-		// start a 0 takes the default, so here it is refused rather than
-		// meaning something else (no lag limit; an idle tablet polling in
-		// a tight loop).
-		{name: "zero maxLag", edit: func(tu *Tunables) { tu.Selection.MaxLag = 0 }, wantPrefix: "selection.maxLag:"},
-		{name: "zero maxWait", edit: func(tu *Tunables) { tu.Batch.MaxWait = 0 }, wantPrefix: "batch.maxWait:"},
+		// Zero maxLag means no limit here (a configure update refuses it:
+		// TestTunablesValidateChangeRefusesZeroWaits).
+		{name: "zero maxLag", edit: func(tu *Tunables) { tu.Selection.MaxLag = 0 }},
 		// A zero first interval.
 		{name: "zero initialInterval", edit: func(tu *Tunables) { tu.Retry.InitialInterval = 0 }, wantPrefix: "retry.initialInterval:"},
 		// NaN can't come from JSON but can from Go; it is rejected.
@@ -486,6 +490,9 @@ func TestTunablesValidate(t *testing.T) {
 		{name: "zero maxRecords", edit: func(tu *Tunables) { tu.Batch.MaxRecords = 0 }, wantPrefix: "batch.maxRecords:"},
 		// One record per batch is the smallest.
 		{name: "one record per batch", edit: func(tu *Tunables) { tu.Batch.MaxRecords = 1 }},
+		// A zero long-poll (return at once) is taken here, for updates
+		// accepted before configure refused it.
+		{name: "zero maxWait", edit: func(tu *Tunables) { tu.Batch.MaxWait = 0 }},
 		// One nanosecond over a minute.
 		{name: "maxWait just over limit", edit: func(tu *Tunables) {
 			tu.Batch.MaxWait = Duration(MaxBatchWait + 1)
@@ -507,7 +514,7 @@ func TestTunablesValidate(t *testing.T) {
 		}},
 		// A heartbeat timeout just under a second (heartbeats go every third).
 		{name: "heartbeatTimeout just below 1s", edit: func(tu *Tunables) {
-			tu.Batch.MaxWait = Duration(400 * time.Millisecond)
+			tu.Batch.MaxWait = 0
 			tu.Run.HeartbeatTimeout = Duration(time.Second - 1)
 		}, wantPrefix: "run.heartbeatTimeout:"},
 		// A heartbeat timeout one nanosecond short of twice maxWait.
@@ -537,6 +544,36 @@ func TestTunablesValidate(t *testing.T) {
 			require.Equal(t, strings.TrimSuffix(tt.wantPrefix, ":"), fe.Field)
 		})
 	}
+}
+
+// TestTunablesValidateChangeRefusesZeroWaits: configure means what start
+// means. At start a maxWait or maxLag of 0 takes the default; a configure
+// update asking for 0 is refused, naming the field, rather than making an
+// idle tablet poll in a tight loop or lifting the lag limit.
+func TestTunablesValidateChangeRefusesZeroWaits(t *testing.T) {
+	require.NoError(t, validTunables().ValidateChange())
+	for _, tt := range []struct {
+		name, field string
+		edit        func(tu *Tunables)
+	}{
+		{"zero maxLag", "selection.maxLag", func(tu *Tunables) { tu.Selection.MaxLag = 0 }},
+		{"zero maxWait", "batch.maxWait", func(tu *Tunables) { tu.Batch.MaxWait = 0 }},
+		// The other checks still run.
+		{"negative maxLag", "selection.maxLag", func(tu *Tunables) { tu.Selection.MaxLag = -1 }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tu := validTunables()
+			tt.edit(&tu)
+			var fe *FieldError
+			require.ErrorAs(t, tu.ValidateChange(), &fe)
+			require.Equal(t, tt.field, fe.Field)
+		})
+	}
+	// At start, 0 is the default.
+	s, err := Decode([]byte(minimal(`"batch": {"maxWait": "0s"}, "selection": {"maxLag": "0s"}`)))
+	require.NoError(t, err)
+	require.Equal(t, DefaultMaxLag, s.Selection.MaxLag.D())
+	require.Positive(t, s.Batch.MaxWait.D())
 }
 
 func TestTunablesDecodeStrictly(t *testing.T) {
@@ -633,4 +670,20 @@ func TestDecodeForStartRefusesSizesGivenAsZero(t *testing.T) {
 	}
 	_, err := DecodeForStart([]byte(minimal(`"batch": {"maxWait": "1s"}`)))
 	require.NoError(t, err, "an absent size is the default")
+}
+
+// TestDropLegacyDropsOnlyZeroValuedKeysItIsGiven: a stream encoded by an
+// older tabletflow carries the fields of other kinds, empty; a field with
+// a value stays for the strict decode to name.
+func TestDropLegacyDropsOnlyZeroValuedKeysItIsGiven(t *testing.T) {
+	for _, tt := range []struct{ name, in, want string }{
+		{"empty strings dropped", `{"kind":"postgres","address":"","keyspace":"","tables":["a.b"]}`, `{"kind":"postgres","tables":["a.b"]}`},
+		{"null and empty list dropped", `{"kind":"x","tls":null,"shards":[]}`, `{"kind":"x"}`},
+		{"a value kept", `{"kind":"postgres","address":"h:1"}`, `{"kind":"postgres","address":"h:1"}`},
+		{"keys not named kept", `{"kind":"x","path":""}`, `{"kind":"x","path":""}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			require.JSONEq(t, tt.want, string(DropLegacy([]byte(tt.in), "address", "keyspace", "tls", "shards")))
+		})
+	}
 }

@@ -30,9 +30,22 @@ func walkFields(v any, t reflect.Type, path string) error {
 	}
 	if t == sourceType || t == sinkType {
 		// A source or sink section belongs to its kind's adapter, whose
-		// Check decodes it strictly (Validate).
-		if _, ok := v.(map[string]any); !ok && v != nil {
+		// Parse decodes it strictly (Validate); here only the fields
+		// common to every kind (kind, tables) are checked.
+		val, ok := v.(map[string]any)
+		if !ok {
+			if v == nil {
+				return nil
+			}
 			return &FieldError{Field: path, Msg: "wrong type: want a JSON object"}
+		}
+		fields := jsonFields(t)
+		for _, key := range slices.Sorted(maps.Keys(val)) {
+			if ft, common := fields[key]; common {
+				if err := walkFields(val[key], ft, join(path, key)); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	}

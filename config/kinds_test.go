@@ -9,16 +9,16 @@ import (
 // field: the real adapters' checks are tested with them, in package
 // adapters.
 func init() {
-	check := func(section []byte) error {
+	parse := func(section []byte) (map[string]json.RawMessage, error) {
 		var fields map[string]json.RawMessage
 		if err := json.Unmarshal(section, &fields); err != nil {
-			return err
+			return nil, err
 		}
 		if _, bad := fields["bad"]; bad {
-			return FieldErr("bad", "rejected by the test kind")
+			return nil, FieldErr("bad", "rejected by the test kind")
 		}
-		return nil
+		return fields, nil
 	}
-	RegisterSource(Kind{Name: "tabletd", Check: check})
-	RegisterSink(Kind{Name: "jsonl", Check: check})
+	RegisterSource(NewKind("tabletd", parse))
+	RegisterSink(NewKind("jsonl", parse))
 }

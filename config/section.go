@@ -103,34 +103,11 @@ func section(b []byte) (json.RawMessage, error) {
 	return buf.Bytes(), nil
 }
 
-// SourceSection returns the source section that v (an adapter's config
-// struct) encodes to, as a stream config would carry it.
-func SourceSection(v any) (Source, error) {
-	var s Source
-	err := encodeSection(v, &s)
-	return s, err
-}
-
-// SinkSection returns the sink section that v encodes to.
-func SinkSection(v any) (Sink, error) {
-	var s Sink
-	err := encodeSection(v, &s)
-	return s, err
-}
-
-func encodeSection(v any, into json.Unmarshaler) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return into.UnmarshalJSON(b)
-}
-
 // Kind is one adapter's part in a stream config: the type its section
-// decodes into and the checks of it. Adapters register a Kind of source or
-// of sink (RegisterSource, RegisterSink) from one place, the wiring of the
-// programs that decode configs (package adapters); this package names no
-// adapter.
+// decodes into and the parser that checks it. Adapters register a Kind of
+// source or of sink (RegisterSource, RegisterSink) from one place, the
+// wiring of the programs that decode configs (package adapters); this
+// package names no adapter.
 type Kind struct {
 	// Name is the section's "kind".
 	Name string
@@ -138,21 +115,67 @@ type Kind struct {
 	// JSON fields are the section's, "kind" included), for references
 	// that list every field.
 	Config any
-	// Check decodes a section strictly into the adapter's type and
-	// validates it. A *FieldError names the field within the section
-	// ("address"); the stream's check puts "source." or "sink." before it.
-	Check func(section []byte) error
+	// Parse decodes a section strictly into the adapter's type, fills its
+	// defaults and validates it. A *FieldError names the field within the
+	// section ("address"); InSection puts the section's name before it.
+	Parse func(section []byte) (any, error)
 	// Snapshot: the source can start a stream with a copy of its tables
 	// (startFrom "snapshot").
 	Snapshot bool
 }
 
-// Checker is a Kind's Check made from an adapter's parser of its section.
-func Checker[T any](parse func(section []byte) (T, error)) func(section []byte) error {
-	return func(section []byte) error {
-		_, err := parse(section)
-		return err
+// NewKind is the Kind of an adapter whose sections parse into a T.
+func NewKind[T any](name string, parse func(section []byte) (T, error)) Kind {
+	var zero T
+	return Kind{Name: name, Config: zero, Parse: func(section []byte) (any, error) { return parse(section) }}
+}
+
+// SectionOf returns the section that v (an adapter's config) encodes to:
+// a Source or a Sink, as a stream config carries it.
+func SectionOf[S Source | Sink](v any) (S, error) {
+	var s S
+	b, err := json.Marshal(v)
+	if err != nil {
+		return s, err
 	}
+	err = any(&s).(json.Unmarshaler).UnmarshalJSON(b)
+	return s, err
+}
+
+// DropLegacy returns a section without the named keys where they hold a
+// zero value ("", 0, false, null, [] or {}): fields that a stream encoded
+// by an older tabletflow carries although they were never set (one config
+// struct once held every kind's fields), and which the section's adapter
+// does not have. A key with a value is kept, so the strict decode names
+// it.
+func DropLegacy(section []byte, keys ...string) []byte {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(section, &fields) != nil {
+		return section
+	}
+	dropped := false
+	for _, k := range keys {
+		if v, ok := fields[k]; ok && zeroJSON(v) {
+			delete(fields, k)
+			dropped = true
+		}
+	}
+	if !dropped {
+		return section
+	}
+	b, err := json.Marshal(fields)
+	if err != nil {
+		return section
+	}
+	return b
+}
+
+func zeroJSON(v json.RawMessage) bool {
+	switch string(bytes.TrimSpace(v)) {
+	case `""`, "0", "false", "null", "[]", "{}":
+		return true
+	}
+	return false
 }
 
 var kinds struct {
@@ -174,8 +197,8 @@ func register(m *map[string]Kind, k Kind) {
 	if *m == nil {
 		*m = map[string]Kind{}
 	}
-	if _, dup := (*m)[k.Name]; dup || k.Name == "" || k.Check == nil {
-		panic(fmt.Sprintf("config: kind %q registered twice, or without a name or a check", k.Name))
+	if _, dup := (*m)[k.Name]; dup || k.Name == "" || k.Parse == nil {
+		panic(fmt.Sprintf("config: kind %q registered twice, or without a name or a parser", k.Name))
 	}
 	(*m)[k.Name] = k
 }
@@ -206,15 +229,22 @@ func checkSection(field, kind string, spec []byte, known map[string]Kind) error 
 		}
 		return fieldErr(field+".kind", "%q: want %s", kind, strings.Join(names, " or "))
 	}
-	err := k.Check(spec)
+	_, err := k.Parse(spec)
+	return InSection(field, err)
+}
+
+// InSection puts a section's name before the field an error of its
+// adapter names ("address" becomes "source.address"), or before an error
+// that names none; nil stays nil.
+func InSection(section string, err error) error {
 	var fe *FieldError
 	switch {
 	case err == nil:
 		return nil
 	case errors.As(err, &fe):
-		return &FieldError{Field: join(field, fe.Field), Msg: fe.Msg}
+		return &FieldError{Field: join(section, fe.Field), Msg: fe.Msg}
 	}
-	return fmt.Errorf("%s: %w", field, err)
+	return fmt.Errorf("%s: %w", section, err)
 }
 
 // ErrUnknownKind: a config names a source or sink kind that the program

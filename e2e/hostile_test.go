@@ -129,13 +129,17 @@ func TestHostileInputIsRefusedClearlyAndLosesNothing(t *testing.T) {
 			})
 		})
 	}
-	// configure is an update only: its validator names the field.
-	for name, payload := range map[string]string{
-		"configure with a bad value":     `{"batch": {"maxRecords": 0}}`,
-		"configure with an unknown part": `{"sink": {"kind": "jsonl", "path": "/elsewhere"}}`,
+	// configure is an update only: its validator names the field. A 0
+	// that at start takes the default is refused here, not taken to mean
+	// something else.
+	for name, tc := range map[string]struct{ payload, want string }{
+		"configure with a bad value":     {`{"batch": {"maxRecords": 0}}`, "batch.maxRecords"},
+		"configure with an unknown part": {`{"sink": {"kind": "jsonl", "path": "/elsewhere"}}`, "sink: unknown field"},
+		"configure with a zero maxWait":  {`{"batch": {"maxWait": "0s"}}`, "batch.maxWait: must be positive"},
+		"configure with a zero maxLag":   {`{"selection": {"maxLag": "0s"}}`, "selection.maxLag: must be positive"},
 	} {
 		t.Run("update/"+name, func(t *testing.T) {
-			require.Error(t, e.update(stream, "configure", payload))
+			require.ErrorContains(t, e.update(stream, "configure", tc.payload), tc.want)
 		})
 	}
 	// Oversized: an update past the command bound is refused with the size;

@@ -259,11 +259,14 @@ func (s *stream) configure(ctx workflow.Context, raw json.RawMessage, apply bool
 	if err := decodeCommand(raw, &t); err != nil {
 		return err
 	}
+	if !apply {
+		// The validator: a new update is checked with today's rules. The
+		// handler below runs only for accepted ones, also on replay, where
+		// an update accepted by an older rule must apply as it did.
+		return t.ValidateChange()
+	}
 	if err := t.Validate(); err != nil {
 		return err
-	}
-	if !apply {
-		return nil
 	}
 	s.st.Tunables = &t
 	s.applyTunables()

@@ -137,9 +137,17 @@ func (f flowRun) result(records, firstCount uint64) loopResult {
 // is when the last record was durable (or a poll, 20 ms, later).
 func (b *bench) flow(ctx context.Context, dir string, start source.Checkpoint, last pglogrepl.LSN) (flowRun, error) {
 	var res flowRun
+	src, err := config.SectionOf[config.Source](b.srcCfg)
+	if err != nil {
+		return res, err
+	}
+	snk, err := config.SectionOf[config.Sink](jsonl.Config{Kind: "jsonl", Path: dir})
+	if err != nil {
+		return res, err
+	}
 	cfg, err := json.Marshal(config.Stream{
-		Source:    b.srcCfg.Section(),
-		Sink:      jsonl.Config{Path: dir}.Section(),
+		Source:    src,
+		Sink:      snk,
 		Selection: config.Selection{TabletTypes: []string{string(source.TypeReplica)}},
 		Batch:     config.Batch{MaxRecords: b.batch, MaxWait: config.Duration(maxWait)},
 		Run:       config.Run{Duration: config.Duration(time.Minute), HeartbeatTimeout: config.Duration(10 * time.Second)},

@@ -352,7 +352,7 @@ func (b *bench) start(ctx context.Context, dir string) error {
 	}
 	sh := b.shard()
 	b.env = map[string]string{primary.DSNEnv: sh.Primary.DSN(), standby.DSNEnv: sh.Standbys[0].DSN()}
-	b.srcCfg = postgres.Config{Tables: pgbed.Tables,
+	b.srcCfg = postgres.Config{Kind: "postgres", Tables: pgbed.Tables,
 		Shards: []postgres.Shard{{ID: shardID, Replicas: []postgres.ShardReplica{primary, standby}}}}
 	if b.src, err = postgres.New(b.srcCfg, func(k string) string { return b.env[k] }); err != nil {
 		return err

@@ -43,11 +43,11 @@ const openTimeout = 30 * time.Second
 
 // Adapter is the PostgreSQL sink's kind "postgres".
 var Adapter = sink.Adapter{
-	Kind: config.Kind{Name: "postgres", Config: Config{}, Check: config.Checker(ParseConfig)},
+	Kind: config.NewKind("postgres", ParseConfig),
 	Open: func(cfg config.Sink, stream string) (sink.Sink, error) {
 		c, err := ParseConfig(cfg.Spec)
 		if err != nil {
-			return nil, fmt.Errorf("sink: %w", err)
+			return nil, config.InSection("sink", err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		defer cancel()
@@ -68,7 +68,8 @@ var (
 // validates it; errors name the field within the section.
 func ParseConfig(section []byte) (Config, error) {
 	var c Config
-	if err := config.DecodeStrict(section, &c); err != nil {
+	// path: a postgres sink of an older tabletflow may carry it empty.
+	if err := config.DecodeStrict(config.DropLegacy(section, "path"), &c); err != nil {
 		return Config{}, err
 	}
 	if c.Mode == "" {
@@ -129,14 +130,4 @@ func (c Config) validateTables() error {
 		targets[dst] = f
 	}
 	return nil
-}
-
-// Section is the sink section that c encodes to.
-func (c Config) Section() config.Sink {
-	c.Kind = Adapter.Name
-	s, err := config.SinkSection(c)
-	if err != nil {
-		panic(fmt.Sprintf("postgres sink: encode config: %v", err)) // strings and a map of strings: it always encodes
-	}
-	return s
 }

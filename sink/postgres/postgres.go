@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/source"
 )
@@ -63,7 +64,7 @@ func New(ctx context.Context, cfg Config, stream string, getenv func(string) str
 		cfg.Schema = DefaultSchema
 	}
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("sink.%w", err) // the field's path within the section
+		return nil, config.InSection("sink", err)
 	}
 	dsn := getenv(cfg.DSNEnv)
 	if dsn == "" {

@@ -36,25 +36,18 @@ type ShardReplica struct {
 
 // Adapter is the PostgreSQL source's kind "postgres".
 var Adapter = source.Adapter{
-	Kind: config.Kind{Name: "postgres", Config: Config{}, Snapshot: true, Check: config.Checker(ParseConfig)},
+	Kind: func() config.Kind {
+		k := config.NewKind("postgres", ParseConfig)
+		k.Snapshot = true
+		return k
+	}(),
 	Open: func(cfg config.Source) (source.Source, error) {
 		c, err := ParseConfig(cfg.Spec)
 		if err != nil {
-			return nil, fmt.Errorf("source: %w", err)
+			return nil, config.InSection("source", err)
 		}
 		return New(c, nil)
 	},
-}
-
-// Section is the source section that c encodes to.
-func (c Config) Section() config.Source {
-	c.Kind = Adapter.Name
-	s, err := config.SourceSection(c)
-	if err != nil {
-		// A Config is plain strings and slices: it always encodes.
-		panic(fmt.Sprintf("postgres: encode config: %v", err))
-	}
-	return s
 }
 
 var (
@@ -68,7 +61,10 @@ var (
 // variables. Errors name the field within the section.
 func ParseConfig(section []byte) (Config, error) {
 	var c Config
-	if err := config.DecodeStrict(section, &c); err != nil {
+	// address, keyspace, tokenEnv, tls: every postgres stream of an older
+	// tabletflow carries the first two empty (one struct held every kind's
+	// fields), and it took the others empty.
+	if err := config.DecodeStrict(config.DropLegacy(section, "address", "keyspace", "tokenEnv", "tls"), &c); err != nil {
 		return Config{}, err
 	}
 	if err := c.validate(); err != nil {

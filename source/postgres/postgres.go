@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/source"
 )
 
@@ -95,7 +96,7 @@ var _ source.Source = (*Source)(nil)
 // error naming the variable (never its value).
 func New(cfg Config, getenv func(string) string) (*Source, error) {
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("source.%w", err) // the field's path within the section
+		return nil, config.InSection("source", err)
 	}
 	if getenv == nil {
 		getenv = os.Getenv

@@ -31,7 +31,7 @@ type Config struct {
 
 // Adapter is the tabletd source's kind "tabletd".
 var Adapter = source.Adapter{
-	Kind: config.Kind{Name: "tabletd", Config: Config{}, Check: config.Checker(ParseConfig)},
+	Kind: config.NewKind("tabletd", ParseConfig),
 	Open: func(cfg config.Source) (source.Source, error) { return Open(cfg) },
 }
 
@@ -39,7 +39,8 @@ var Adapter = source.Adapter{
 // name the field within the section.
 func ParseConfig(section []byte) (Config, error) {
 	var c Config
-	if err := config.DecodeStrict(section, &c); err != nil {
+	// shards: a tabletd stream of an older tabletflow may carry it empty.
+	if err := config.DecodeStrict(config.DropLegacy(section, "shards"), &c); err != nil {
 		return Config{}, err
 	}
 	switch {
@@ -64,7 +65,7 @@ func ParseConfig(section []byte) (Config, error) {
 func Open(cfg config.Source) (*Client, error) {
 	c, err := ParseConfig(cfg.Spec)
 	if err != nil {
-		return nil, fmt.Errorf("source: %w", err)
+		return nil, config.InSection("source", err)
 	}
 	var opts Options
 	if c.TLS != nil {
@@ -76,14 +77,4 @@ func Open(cfg config.Source) (*Client, error) {
 		}
 	}
 	return Dial(c.Address, c.Keyspace, opts)
-}
-
-// Section is the source section that c encodes to.
-func (c Config) Section() config.Source {
-	c.Kind = Adapter.Name
-	s, err := config.SourceSection(c)
-	if err != nil {
-		panic(fmt.Sprintf("tabletd: encode config: %v", err)) // strings and file names: it always encodes
-	}
-	return s
 }
