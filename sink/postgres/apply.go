@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,7 +25,14 @@ import (
 // records that do not fit it (another key, a column it lacks) are refused,
 // the table never altered. Inserts and reads (a snapshot's rows) set a
 // row, updates set the columns their after image carries (an unchanged
-// TOAST value left out keeps its value), deletes remove it.
+// TOAST value left out keeps its value), deletes remove it. An update
+// whose before image holds another key than its key moves the row: the
+// row at the old key is deleted and its values, overlaid with the after
+// image, set at the new key. Records of a table without a key (an empty
+// key object: a source table without a primary key, REPLICA IDENTITY
+// FULL) go into a mirror table without a primary key, a multiset of rows:
+// an insert adds a row, a delete removes one row equal to its before
+// image, an update does both.
 //
 // Tables and columns are made in transactions of their own before the
 // batch's; the rows are written in the batch's transaction, beside the
@@ -38,6 +46,9 @@ type mirror struct {
 	name string   // quoted, qualified
 	key  []string // primary key columns, in order
 	cols map[string]bool
+	// ins: the columns an INSERT may set (not generated, not GENERATED
+	// ALWAYS AS IDENTITY), in order, as the table was read.
+	ins []string
 	// given: a table of the config's sink.tables (given, its entry there):
 	// typed columns, never altered by the sink.
 	given string
@@ -121,8 +132,8 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 		return m, m.fits(r.Table, keyCols, cols)
 	}
 	if !slices.Equal(m.key, keyCols) {
-		return nil, fmt.Errorf("%w: mirror table %s is keyed by (%s), records of %s by (%s)",
-			sink.ErrBadRecord, m.name, strings.Join(m.key, ", "), r.Table, strings.Join(keyCols, ", "))
+		return nil, fmt.Errorf("%w: mirror table %s is keyed by %s, records of %s by %s",
+			sink.ErrBadRecord, m.name, keyDesc(m.key), r.Table, keyDesc(keyCols))
 	}
 	for _, c := range cols {
 		if m.cols[c] {
@@ -134,6 +145,14 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 		m.cols[c] = true
 	}
 	return m, nil
+}
+
+// keyDesc names a key's columns for an error: "(a, b)", or "no key".
+func keyDesc(cols []string) string {
+	if len(cols) == 0 {
+		return "no key"
+	}
+	return "(" + strings.Join(cols, ", ") + ")"
 }
 
 // makeMirror returns the sink's own mirror table of a source table,
@@ -148,7 +167,9 @@ func (s *Sink) makeMirror(ctx context.Context, table string, keyCols, cols []str
 	for _, c := range cols {
 		defs = append(defs, pgx.Identifier{c}.Sanitize()+" jsonb")
 	}
-	defs = append(defs, "PRIMARY KEY ("+quoteAll(keyCols)+")")
+	if len(keyCols) > 0 {
+		defs = append(defs, "PRIMARY KEY ("+quoteAll(keyCols)+")")
+	}
 	if _, err := s.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+name+` (`+strings.Join(defs, ", ")+`)`); err != nil && !madeMeanwhile(err) {
 		return nil, fmt.Errorf("create mirror table %s: %w", name, classify(err))
 	}
@@ -180,8 +201,8 @@ func (s *Sink) loadGiven(ctx context.Context, table, target string) (*mirror, er
 // columns, in any order), and it has every column they carry.
 func (m *mirror) fits(table string, keyCols, cols []string) error {
 	if !slices.Equal(slices.Sorted(slices.Values(m.key)), slices.Sorted(slices.Values(keyCols))) {
-		return fmt.Errorf("%w: table %s of %s has the primary key (%s), records of %s are keyed by (%s)",
-			sink.ErrBadRecord, m.name, m.given, strings.Join(m.key, ", "), table, strings.Join(keyCols, ", "))
+		return fmt.Errorf("%w: table %s of %s has the primary key %s, records of %s are keyed by %s",
+			sink.ErrBadRecord, m.name, m.given, keyDesc(m.key), table, keyDesc(keyCols))
 	}
 	var missing []string
 	for _, c := range cols {
@@ -201,7 +222,7 @@ func (m *mirror) fits(table string, keyCols, cols []string) error {
 func (s *Sink) loadMirror(ctx context.Context, name string) (*mirror, error) {
 	m := &mirror{name: name, cols: map[string]bool{}}
 	// indkey is an int2vector, numbered from 0.
-	rows, err := s.pool.Query(ctx, `SELECT a.attname, array_position(i.indkey::int2[], a.attnum)
+	rows, err := s.pool.Query(ctx, `SELECT a.attname, array_position(i.indkey::int2[], a.attnum), a.attgenerated = '' AND a.attidentity <> 'a'
 		FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
 		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, name)
 	if err != nil {
@@ -211,10 +232,14 @@ func (s *Sink) loadMirror(ctx context.Context, name string) (*mirror, error) {
 	for rows.Next() {
 		var col string
 		var pos *int
-		if err := rows.Scan(&col, &pos); err != nil {
+		var insertable bool
+		if err := rows.Scan(&col, &pos, &insertable); err != nil {
 			return nil, err
 		}
 		m.cols[col] = true
+		if insertable {
+			m.ins = append(m.ins, col)
+		}
 		if pos != nil {
 			keyAt[*pos] = col
 		}
@@ -257,12 +282,16 @@ func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch
 	what := make([]string, 0, len(recs))
 	for _, r := range recs {
 		keyCols, key, err := fields(r.Key)
-		if err != nil || len(keyCols) == 0 {
-			return nil, nil, fmt.Errorf("%w: key of %s at %s is not a JSON object with fields", sink.ErrBadRecord, r.Table, r.Position)
+		if err != nil || key == nil {
+			return nil, nil, fmt.Errorf("%w: key of %s at %s is not a JSON object", sink.ErrBadRecord, r.Table, r.Position)
 		}
 		cols, after, err := fields(r.After)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: after of %s at %s: %v", sink.ErrBadRecord, r.Table, r.Position, err)
+		}
+		beforeCols, before, err := fields(r.Before)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: before of %s at %s: %v", sink.ErrBadRecord, r.Table, r.Position, err)
 		}
 		for _, k := range keyCols { // the key's fields are columns too
 			if _, ok := after[k]; !ok && r.Op != source.Delete {
@@ -273,39 +302,167 @@ func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch
 				after[k] = key[k]
 			}
 		}
+		keyless := len(keyCols) == 0
+		if keyless {
+			if r.Op == source.Update || r.Op == source.Delete {
+				if len(beforeCols) == 0 {
+					return nil, nil, fmt.Errorf("%w: %s of %s at %s: the table has no key and the record no before image to tell its row by",
+						sink.ErrBadRecord, r.Op, r.Table, r.Position)
+				}
+				for _, c := range beforeCols { // the row is told by them
+					if _, ok := after[c]; !ok {
+						cols = append(cols, c)
+					}
+				}
+			}
+			if r.Op != source.Delete && len(cols) == 0 {
+				return nil, nil, fmt.Errorf("%w: %s of %s at %s has no key and no columns", sink.ErrBadRecord, r.Op, r.Table, r.Position)
+			}
+		}
 		m, err := s.mirrorOf(ctx, r, keyCols, cols)
 		if err != nil {
 			return nil, nil, err
 		}
 		what = append(what, fmt.Sprintf("%s of %s at %s into %s", r.Op, r.Table, r.Position, m.name))
-		if m.given != "" {
-			q, arg, err := givenStatement(m, r.Op, keyCols, cols, key, after)
-			if err != nil {
-				return nil, nil, fmt.Errorf("%w: %s at %s: %v", sink.ErrBadRecord, r.Table, r.Position, err)
-			}
-			b.Queue(q, arg)
-			continue
+		moved := r.Op == source.Update && !keyless && movedFrom(keyCols, key, before)
+		var q string
+		var args []any
+		switch {
+		case keyless:
+			q, args, err = keylessStatement(m, r.Op, beforeCols, before, after)
+		case m.given != "":
+			q, args, err = givenStatement(m, r.Op, moved, keyCols, cols, key, before, after)
+		default:
+			q, args, err = mirrorStatement(m, r.Op, moved, keyCols, cols, key, before, after)
 		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %s at %s: %v", sink.ErrBadRecord, r.Table, r.Position, err)
+		}
+		b.Queue(q, args...)
+	}
+	return b, what, nil
+}
+
+// movedFrom tells whether an update moves its row: its before image holds
+// every key column, and another value in one of them.
+func movedFrom(keyCols []string, key, before map[string]json.RawMessage) bool {
+	moved := false
+	for _, k := range keyCols {
+		old, ok := before[k]
+		if !ok {
+			return false
+		}
+		moved = moved || !jsonEqual(old, key[k])
+	}
+	return moved
+}
+
+// jsonEqual compares two JSON values as text, less insignificant space.
+func jsonEqual(a, b json.RawMessage) bool {
+	var ca, cb bytes.Buffer
+	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
+		return bytes.Equal(a, b)
+	}
+	return bytes.Equal(ca.Bytes(), cb.Bytes())
+}
+
+// jsonArg is a JSON object of the given fields, as one statement argument.
+func jsonArg(vals map[string]json.RawMessage) (string, error) {
+	if vals == nil {
+		return "{}", nil
+	}
+	b, err := json.Marshal(vals)
+	return string(b), err
+}
+
+// moveInto is the tail of a statement that moves a row: after a CTE
+// "old" that deleted the row at its old key (RETURNING it), it inserts
+// the old row's values overlaid with the after image (argument $n, a JSON
+// object) into the table, as its row type converts them (a mirror's jsonb
+// columns take the JSON values; a given table's columns their types), the
+// columns named by into (nil: every column, in order).
+func moveInto(m *mirror, into []string, n int) string {
+	row := `jsonb_populate_record(NULL::` + m.name + `, COALESCE((SELECT to_jsonb(old) FROM old), '{}'::jsonb) || $` +
+		fmt.Sprint(n) + `::jsonb) AS r`
+	if into == nil {
+		return `INSERT INTO ` + m.name + ` SELECT r.* FROM ` + row
+	}
+	vals := make([]string, len(into))
+	for i, c := range into {
+		vals[i] = "r." + pgx.Identifier{c}.Sanitize()
+	}
+	return `INSERT INTO ` + m.name + ` (` + quoteAll(into) + `) SELECT ` + strings.Join(vals, ", ") + ` FROM ` + row
+}
+
+// mirrorStatement is the statement that applies one record to a mirror
+// table the sink made (jsonb columns), and its arguments.
+func mirrorStatement(m *mirror, op source.Op, moved bool, keyCols, cols []string, key, before, after map[string]json.RawMessage) (string, []any, error) {
+	keyAt := func(vals map[string]json.RawMessage) (string, []any) {
 		where := make([]string, len(keyCols))
 		args := make([]any, len(keyCols))
 		for i, k := range keyCols {
 			where[i] = fmt.Sprintf("%s = $%d::jsonb", pgx.Identifier{k}.Sanitize(), i+1)
-			args[i] = string(key[k])
+			args[i] = string(vals[k])
 		}
-		if r.Op == source.Delete {
-			b.Queue(`DELETE FROM `+m.name+` WHERE `+strings.Join(where, " AND "), args...)
-			continue
-		}
-		names := make([]string, len(cols))
-		vals := make([]string, len(cols))
-		args = args[:0]
-		for i, c := range cols {
-			names[i], vals[i] = pgx.Identifier{c}.Sanitize(), fmt.Sprintf("NULLIF($%d::jsonb, 'null'::jsonb)", i+1) // JSON null: SQL NULL
-			args = append(args, string(after[c]))
-		}
-		b.Queue(`INSERT INTO `+m.name+` (`+strings.Join(names, ", ")+`) VALUES (`+strings.Join(vals, ", ")+`)`+onConflict(keyCols, cols), args...)
+		return strings.Join(where, " AND "), args
 	}
-	return b, what, nil
+	if op == source.Delete {
+		where, args := keyAt(key)
+		return `DELETE FROM ` + m.name + ` WHERE ` + where, args, nil
+	}
+	if moved {
+		where, args := keyAt(before)
+		arg, err := jsonArg(after)
+		return `WITH old AS (DELETE FROM ` + m.name + ` WHERE ` + where + ` RETURNING *) ` +
+			moveInto(m, nil, len(args)+1) + onConflict(keyCols, cols), append(args, arg), err
+	}
+	q, args := insertValues(m, cols, after)
+	return q + onConflict(keyCols, cols), args, nil
+}
+
+// insertValues is an INSERT of the given columns' JSON values into a
+// mirror table the sink made, and its arguments.
+func insertValues(m *mirror, cols []string, vals map[string]json.RawMessage) (string, []any) {
+	names := make([]string, len(cols))
+	params := make([]string, len(cols))
+	args := make([]any, len(cols))
+	for i, c := range cols {
+		names[i], params[i] = pgx.Identifier{c}.Sanitize(), fmt.Sprintf("NULLIF($%d::jsonb, 'null'::jsonb)", i+1) // JSON null: SQL NULL
+		args[i] = string(vals[c])
+	}
+	return `INSERT INTO ` + m.name + ` (` + strings.Join(names, ", ") + `) VALUES (` + strings.Join(params, ", ") + `)`, args
+}
+
+// keylessStatement is the statement that applies one record of a table
+// without a key to its mirror table (no primary key: a multiset of rows):
+// an insert adds its row; a delete removes one row whose columns equal its
+// before image's (which one does not matter: they are equal); an update
+// removes one so and adds its after image over that row's values.
+func keylessStatement(m *mirror, op source.Op, beforeCols []string, before, after map[string]json.RawMessage) (string, []any, error) {
+	if m.given != "" {
+		return "", nil, fmt.Errorf("records without a key cannot go into %s of %s, which is upserted by its primary key", m.name, m.given)
+	}
+	if op == source.Insert || op == source.Read {
+		cols := make([]string, 0, len(after))
+		for c := range after {
+			cols = append(cols, c)
+		}
+		slices.Sort(cols)
+		q, args := insertValues(m, cols, after)
+		return q, args, nil
+	}
+	match := make([]string, len(beforeCols))
+	args := make([]any, len(beforeCols))
+	for i, c := range beforeCols {
+		match[i] = fmt.Sprintf("%s IS NOT DISTINCT FROM NULLIF($%d::jsonb, 'null'::jsonb)", pgx.Identifier{c}.Sanitize(), i+1)
+		args[i] = string(before[c])
+	}
+	del := `DELETE FROM ` + m.name + ` WHERE ctid = (SELECT ctid FROM ` + m.name + ` WHERE ` + strings.Join(match, " AND ") + ` LIMIT 1)`
+	if op == source.Delete {
+		return del, args, nil
+	}
+	arg, err := jsonArg(after)
+	return `WITH old AS (` + del + ` RETURNING *) ` + moveInto(m, nil, len(args)+1), append(args, arg), err
 }
 
 // onConflict is an upsert's ON CONFLICT clause: the key's row gets the
@@ -325,24 +482,40 @@ func onConflict(keyCols, cols []string) string {
 }
 
 // givenStatement is the statement that applies one record to a given
-// table, and its one argument, a JSON object of the record's columns.
+// table, and its arguments: JSON objects of the record's columns.
 // jsonb_populate_record converts each field to its column's type as an
 // input of that type would (the table's row type: its column types with
 // their modifiers, so a string too long for a varchar(n) is an error where
 // an explicit cast would cut it; a JSON array into an array column); a
 // json or jsonb column takes the JSON value itself, and a JSON null is SQL
 // NULL. A value its column's type does not take fails the statement (a
-// class 22 error: ErrBadRecord).
-func givenStatement(m *mirror, op source.Op, keyCols, cols []string, key, after map[string]json.RawMessage) (string, string, error) {
-	row := "jsonb_populate_record(NULL::" + m.name + ", $1::jsonb) AS r"
-	if op == source.Delete {
+// class 22 error: ErrBadRecord). A move deletes the row at the before
+// image's key and inserts its values (as to_jsonb gives them back) under
+// the after image's into the columns an insert may set.
+func givenStatement(m *mirror, op source.Op, moved bool, keyCols, cols []string, key, before, after map[string]json.RawMessage) (string, []any, error) {
+	row := func(n int) string { return fmt.Sprintf("jsonb_populate_record(NULL::%s, $%d::jsonb) AS r", m.name, n) }
+	keyAt := func(vals map[string]json.RawMessage) (string, string, error) {
 		where := make([]string, len(keyCols))
+		kv := map[string]json.RawMessage{}
 		for i, k := range keyCols {
 			q := pgx.Identifier{k}.Sanitize()
 			where[i] = "m." + q + " = r." + q
+			kv[k] = vals[k]
 		}
-		arg, err := json.Marshal(key)
-		return `DELETE FROM ` + m.name + ` AS m USING ` + row + ` WHERE ` + strings.Join(where, " AND "), string(arg), err
+		arg, err := jsonArg(kv)
+		return `DELETE FROM ` + m.name + ` AS m USING ` + row(1) + ` WHERE ` + strings.Join(where, " AND "), arg, err
+	}
+	if op == source.Delete {
+		del, arg, err := keyAt(key)
+		return del, []any{arg}, err
+	}
+	if moved {
+		del, old, err := keyAt(before)
+		if err != nil {
+			return "", nil, err
+		}
+		arg, err := jsonArg(after)
+		return `WITH old AS (` + del + ` RETURNING m.*) ` + moveInto(m, m.ins, 2) + onConflict(keyCols, cols), []any{old, arg}, err
 	}
 	names := make([]string, len(cols))
 	vals := make([]string, len(cols))
@@ -350,7 +523,7 @@ func givenStatement(m *mirror, op source.Op, keyCols, cols []string, key, after 
 		names[i] = pgx.Identifier{c}.Sanitize()
 		vals[i] = "r." + names[i]
 	}
-	arg, err := json.Marshal(after)
+	arg, err := jsonArg(after)
 	return `INSERT INTO ` + m.name + ` (` + strings.Join(names, ", ") + `) SELECT ` + strings.Join(vals, ", ") +
-		` FROM ` + row + onConflict(keyCols, cols), string(arg), err
+		` FROM ` + row(1) + onConflict(keyCols, cols), []any{arg}, err
 }

@@ -54,8 +54,10 @@ func newRelation(m *pglogrepl.RelationMessage) *relation {
 // sent one (REPLICA IDENTITY FULL: the whole row; otherwise the identity's
 // columns when the key changed, and on a delete); after the new tuple.
 // A TOASTed column that did not change arrives without its value: it is
-// taken from the old tuple when there is one, and otherwise left out of
-// after (never written as null).
+// taken from the old tuple when that is the whole row (REPLICA IDENTITY
+// FULL), and otherwise left out of after (never written as null: a
+// key-only old tuple, sent when an update changes the key, holds nulls in
+// the other columns).
 func record(rel *relation, op source.Op, oldType uint8, old, new *pglogrepl.TupleData) (source.Record, error) {
 	rec := source.Record{Table: rel.Namespace + "." + rel.RelationName, Op: op}
 	var err error
@@ -66,7 +68,11 @@ func record(rel *relation, op source.Op, oldType uint8, old, new *pglogrepl.Tupl
 		}
 	}
 	if new != nil {
-		if rec.After, err = tupleJSON(rel, new, old, nil); err != nil {
+		fill := old
+		if keyOnly {
+			fill = nil
+		}
+		if rec.After, err = tupleJSON(rel, new, fill, nil); err != nil {
 			return rec, err
 		}
 	}

@@ -1,0 +1,225 @@
+package postgres_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/sink"
+	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
+	"github.com/tabletflow/tabletflow/source"
+	pgsource "github.com/tabletflow/tabletflow/source/postgres"
+	"github.com/tabletflow/tabletflow/testbed/pgbed"
+)
+
+// flow streams tables of a test bed's one shard through the PostgreSQL
+// source, read on its primary, into a sink: what the GetChanges activity
+// does, without Temporal.
+type flow struct {
+	db     *pgbed.Node
+	stream string
+	rd     source.ReplicaReader
+	w      sink.TabletWriter
+	cp     source.Checkpoint
+	recs   []source.Record
+}
+
+// newFlow starts a bed of one shard, runs ddl on its primary as the
+// superuser (tables it makes are given to the adapter's role, which
+// publishes them), makes the stream over tables and opens the shard's
+// tablet "s1" in a sink of cfg.
+func newFlow(t *testing.T, ddl string, tables []string, cfg pgsink.Config) *flow {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	require.NoError(t, db.Exec(ctx, ddl))
+	for _, tbl := range tables {
+		require.NoError(t, db.Exec(ctx, `ALTER TABLE `+tbl+` OWNER TO `+pgbed.User))
+	}
+	scfg := pgsource.Config{Tables: tables, Shards: []pgsource.Shard{{ID: "s1", Replicas: []pgsource.ShardReplica{
+		{Alias: "zone1-s1p", Cell: "zone1", Type: "PRIMARY", DSNEnv: "P"}}}}}
+	src, err := pgsource.New(scfg, func(string) string { return db.DSN() })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	const stream = "follow"
+	st, err := src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: tables, StartFrom: source.StartEarliest})
+	require.NoError(t, err)
+	rd, err := src.OpenReplica(ctx, source.Replica{Tablet: "s1", Alias: "zone1-s1p"})
+	require.NoError(t, err)
+	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	w, err := s.Open(ctx, "s1")
+	require.NoError(t, err)
+	return &flow{db: db, stream: stream, rd: rd, w: w, cp: st.Start["s1"]}
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// drain reads n more records in batches of a few, writing and committing
+// each batch into the sink and acknowledging it, as GetChanges does. It
+// checks that positions increase.
+func (f *flow) drain(t *testing.T, n int) error {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	for got := 0; got < n; {
+		b, err := f.rd.GetChanges(ctx, source.ChangesRequest{Stream: f.stream, Tablet: "s1", From: f.cp, MaxRecords: 3, MaxWait: time.Second})
+		require.NoError(t, err)
+		for _, r := range b.Records {
+			require.Equal(t, 1, r.Position.Compare(f.cp), "positions increase: %s after %s", r.Position, f.cp)
+			f.cp = r.Position
+		}
+		f.cp = b.Checkpoint
+		got += len(b.Records)
+		f.recs = append(f.recs, b.Records...)
+		if err := f.w.Write(ctx, b.Records); err != nil {
+			return err
+		}
+		if err := f.w.Commit(ctx, b.Checkpoint); err != nil {
+			return err
+		}
+		require.NoError(t, f.rd.Ack(ctx, f.stream, "s1", b.Checkpoint))
+	}
+	return nil
+}
+
+// rowsOf reads a table's rows as sorted JSON texts (to_jsonb, less the
+// columns drop), duplicates kept: a multiset to compare a mirror table
+// with its source.
+func (f *flow) rowsOf(t *testing.T, table string, drop ...string) []string {
+	t.Helper()
+	ctx := ctxFor(t, 10*time.Second)
+	conn, err := f.db.Connect(ctx)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	expr := "to_jsonb(t)"
+	for _, c := range drop {
+		expr += " - '" + c + "'"
+	}
+	rows, err := conn.Query(ctx, `SELECT (`+expr+`)::text FROM `+table+` t`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	slices.Sort(out)
+	return out
+}
+
+// requireMirror checks that the mirror table holds exactly the source
+// table's rows: the same multiset of rows, none twice more than there.
+func (f *flow) requireMirror(t *testing.T, table, mirror string, drop ...string) {
+	t.Helper()
+	want := f.rowsOf(t, table)
+	require.Equal(t, want, f.rowsOf(t, mirror, drop...), "%s mirrors %s", mirror, table)
+}
+
+// Apply mode follows key changes: an update that changes a row's primary
+// key moves the mirror's row (under the default replica identity, whose
+// old tuple holds the key only, and under REPLICA IDENTITY FULL), an
+// unchanged TOASTed value moving with it; a table without a primary key
+// under REPLICA IDENTITY FULL (rows told apart only by their values,
+// duplicates and nulls among them) keeps no stale row. The source leaves
+// an unchanged TOASTed column out of a key change's after image, as of
+// every update: never null.
+func TestApplyModeFollowsKeyChangesAndTablesWithoutAKey(t *testing.T) {
+	const ddl = `CREATE SCHEMA app;
+		CREATE TABLE app.docs (id bigint PRIMARY KEY, rev int NOT NULL, body text);
+		ALTER TABLE app.docs ALTER COLUMN body SET STORAGE EXTERNAL;
+		CREATE TABLE app.fullrows (id bigint PRIMARY KEY, v text, body text);
+		ALTER TABLE app.fullrows REPLICA IDENTITY FULL;
+		ALTER TABLE app.fullrows ALTER COLUMN body SET STORAGE EXTERNAL;
+		CREATE TABLE app.logs (a int, b text, c jsonb);
+		ALTER TABLE app.logs REPLICA IDENTITY FULL;
+		GRANT ALL ON SCHEMA app TO ` + pgbed.User
+	tables := []string{"app.docs", "app.fullrows", "app.logs"}
+	f := newFlow(t, ddl, tables, pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf"})
+	ctx := ctxFor(t, time.Minute)
+	big := `(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g)` // 12.8 kB, stored out of line
+	for _, q := range []string{
+		`INSERT INTO app.docs VALUES (1, 1, ` + big + `), (2, 1, ` + big + ` || 'b'), (3, 1, 'small')`,
+		`UPDATE app.docs SET id = 1001, rev = rev + 1 WHERE id = 1`, // key change, body unchanged (TOASTed)
+		`UPDATE app.docs SET rev = rev + 1 WHERE id = 2`,            // body unchanged
+		`UPDATE app.docs SET id = 1003 WHERE id = 3`,                // key change, body inline
+		`DELETE FROM app.docs WHERE id = 1003`,
+		`UPDATE app.docs SET id = 1002, body = 'new' WHERE id = 2`, // key change, body changed
+		`INSERT INTO app.fullrows VALUES (1, 'a', ` + big + `), (2, 'b', 'x')`,
+		`UPDATE app.fullrows SET id = 11 WHERE id = 1`, // key change, body unchanged (TOASTed)
+		`UPDATE app.fullrows SET v = 'c' WHERE id = 2`,
+		`INSERT INTO app.logs VALUES (1, 'x', NULL), (1, 'x', NULL), (2, 'y', '{"k": 1}'), (4, NULL, NULL)`,
+		`UPDATE app.logs SET b = 'z' WHERE a = 2`,
+		`DELETE FROM app.logs WHERE ctid = (SELECT ctid FROM app.logs WHERE a = 1 LIMIT 1)`, // one of two equal rows
+		`UPDATE app.logs SET a = 3 WHERE a = 1`,
+		`UPDATE app.logs SET c = '[1]' WHERE a = 4`,
+	} {
+		require.NoError(t, f.db.Exec(ctx, q), q)
+	}
+	// 3+1+1+1+1+1 on docs, 2+1+1 on full, 4+1+1+1+1 on logs
+	require.NoError(t, f.drain(t, 20))
+	for _, r := range f.recs {
+		if r.Table == "app.logs" {
+			require.JSONEq(t, `{}`, string(r.Key), "a table without a primary key under REPLICA IDENTITY FULL has no key")
+		}
+		if r.Table == "app.docs" && r.Op == source.Update && strings.Contains(string(r.Key), "1001") {
+			require.NotContains(t, string(r.After), `"body":null`, "an unchanged TOASTed value is left out of a key change's after, never null")
+		}
+	}
+	f.requireMirror(t, "app.docs", "tf.app__docs")
+	f.requireMirror(t, "app.fullrows", "tf.app__fullrows")
+	f.requireMirror(t, "app.logs", "tf.app__logs")
+}
+
+// A key change moves a row of a given table too: the row at the before
+// image's key goes, and its columns the after image leaves out (an
+// unchanged TOASTed value) come along in their types; a generated column
+// is computed again. A key change onto a key the table holds (a snapshot's
+// copy already had it) sets that row.
+func TestApplyModeMovesAGivenTablesRowOnAKeyChange(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := ctxFor(t, time.Minute)
+	require.NoError(t, db.Exec(ctx, `CREATE SCHEMA app;
+		GRANT USAGE ON SCHEMA app TO `+pgbed.User+`;
+		CREATE TABLE app.docs (region text, id bigint, placed date, tags text[], body text,
+			twice bigint GENERATED ALWAYS AS (id * 2) STORED, PRIMARY KEY (region, id));
+		GRANT SELECT, INSERT, UPDATE, DELETE ON app.docs TO `+pgbed.User))
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf", Tables: map[string]string{"public.docs": "app.docs"}}
+	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+	require.NoError(t, err)
+	defer s.Close()
+	w, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	doc := func(pos uint64, op source.Op, key, before, after string) source.Record {
+		r := rec(pos, op, key, after)
+		r.Table = "public.docs"
+		if before != "" {
+			r.Before = []byte(before)
+		}
+		return r
+	}
+	batch := []source.Record{
+		doc(1, source.Insert, `{"region":"eu","id":1}`, "", `{"region":"eu","id":1,"placed":"2026-12-01","tags":["a","b c"],"body":"long"}`),
+		doc(2, source.Insert, `{"region":"eu","id":2}`, "", `{"region":"eu","id":2,"placed":"2026-12-02","tags":[],"body":"two"}`),
+		doc(3, source.Insert, `{"region":"eu","id":9}`, "", `{"region":"eu","id":9,"body":"copied"}`),
+		// key-only before image, body left out: carried over
+		doc(4, source.Update, `{"region":"eu","id":5}`, `{"region":"eu","id":1}`, `{"region":"eu","id":5,"placed":"2026-12-05","tags":["a","b c"]}`),
+		doc(5, source.Update, `{"region":"us","id":2}`, `{"region":"eu","id":2}`, `{"region":"us","id":2,"body":"moved"}`),
+		doc(6, source.Update, `{"region":"eu","id":9}`, `{"region":"us","id":7}`, `{"region":"eu","id":9,"body":"again"}`), // old key not there, new one is
+	}
+	require.NoError(t, w.Write(ctx, batch))
+	require.NoError(t, w.Commit(ctx, batch[len(batch)-1].Position))
+	got, err := db.Query(ctx, `SELECT region, id::text AS id, placed::text AS placed, tags::text AS tags, body, twice::text AS twice
+		FROM app.docs ORDER BY region, id`)
+	require.NoError(t, err)
+	require.Equal(t, []map[string]any{
+		{"region": "eu", "id": "5", "placed": "2026-12-05", "tags": `{a,"b c"}`, "body": "long", "twice": "10"},
+		{"region": "eu", "id": "9", "placed": nil, "tags": nil, "body": "again", "twice": "18"},
+		{"region": "us", "id": "2", "placed": "2026-12-02", "tags": "{}", "body": "moved", "twice": "4"},
+	}, got)
+}
