@@ -38,6 +38,7 @@ func TestClassifyTellsDeniedAndMisfitsFromTroubleThatMayPass(t *testing.T) {
 		{"42804", sink.ErrBadRecord}, // a column of another type than the value's
 		{"42703", sink.ErrBadRecord}, // a column that is not there
 		{"428C9", sink.ErrBadRecord}, // a value for a generated column
+		{"54000", sink.ErrBadRecord}, // a key too large for its index's row
 
 		{"57P01", nil}, // admin shutdown: the server restarting
 		{"53300", nil}, // too many connections

@@ -2,6 +2,9 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -222,4 +225,37 @@ func TestApplyModeMovesAGivenTablesRowOnAKeyChange(t *testing.T) {
 		{"region": "eu", "id": "9", "placed": nil, "tags": nil, "body": "again", "twice": "18"},
 		{"region": "us", "id": "2", "placed": "2026-12-02", "tags": "{}", "body": "moved", "twice": "4"},
 	}, got)
+}
+
+// A key too large for a btree index row (54000, "index row size … exceeds
+// btree … maximum") is a record the sink cannot store: the tablet fails
+// naming it (SINK_BAD_RECORD), rather than retrying the same batch for
+// ever as unavailable (SINK_IO). Nothing of the batch is written.
+func TestApplyModeRefusesAKeyTooLargeForItsIndex(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := ctxFor(t, time.Minute)
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf"}
+	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+	require.NoError(t, err)
+	defer s.Close()
+	w, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	huge := make([]byte, 8192)
+	_, _ = rand.Read(huge)
+	key := fmt.Sprintf(`{"id":%q}`, hex.EncodeToString(huge)) // 16 kB that compress badly
+	batch := []source.Record{
+		rec(1, source.Insert, `{"id":"small"}`, `{"v":1}`),
+		rec(2, source.Insert, key, `{"v":2}`),
+	}
+	require.NoError(t, w.Write(ctx, batch))
+	err = w.Commit(ctx, batch[1].Position)
+	require.ErrorIs(t, err, sink.ErrBadRecord, "%v", err)
+	require.ErrorContains(t, err, "54000")
+	require.ErrorContains(t, err, "insert of public.orders at 1.2", "the error names the record")
+	var n int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM tf.public__orders`).Scan(&n))
+	require.Zero(t, n, "nothing of the batch is written")
+	w2, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	require.True(t, w2.Checkpoint().IsZero(), "the checkpoint stays")
 }

@@ -411,7 +411,8 @@ func kindOf(code string) error {
 		code == "23514", // CHECK
 		code == "42804", // a column of another type (a hand-made column of a mirror table)
 		code == "42703", // a column that is not there
-		code == "428C9": // a generated column
+		code == "428C9", // a generated column
+		code == "54000": // a key too large for its index's row ("index row size … exceeds btree … maximum")
 		return sink.ErrBadRecord
 	}
 	return nil
