@@ -259,3 +259,33 @@ func TestApplyModeRefusesAKeyTooLargeForItsIndex(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, w2.Checkpoint().IsZero(), "the checkpoint stays")
 }
+
+// A table whose REPLICA IDENTITY USING INDEX is another index than its
+// primary key is keyed by that index's columns, which PostgreSQL sends
+// on a delete and on an update that changes them: every record's key is
+// usable (never null), deletes and updates of the primary key reach their
+// mirror row, and the mirror equals the table.
+func TestApplyModeFollowsATableKeyedByItsReplicaIdentityIndex(t *testing.T) {
+	const ddl = `CREATE SCHEMA app;
+		CREATE TABLE app.accounts (id bigint PRIMARY KEY, email text NOT NULL, name text);
+		CREATE UNIQUE INDEX accounts_email ON app.accounts (email);
+		ALTER TABLE app.accounts REPLICA IDENTITY USING INDEX accounts_email;
+		GRANT ALL ON SCHEMA app TO ` + pgbed.User
+	f := newFlow(t, ddl, []string{"app.accounts"}, pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf"})
+	ctx := ctxFor(t, time.Minute)
+	for _, q := range []string{
+		`INSERT INTO app.accounts VALUES (1, 'a@x', 'a'), (2, 'b@x', 'b'), (3, 'c@x', 'c'), (4, 'd@x', 'd')`,
+		`UPDATE app.accounts SET name = 'a2' WHERE id = 1`,
+		`UPDATE app.accounts SET email = 'b2@x' WHERE id = 2`, // the identity changes
+		`UPDATE app.accounts SET id = 30 WHERE id = 3`,        // the primary key changes, the identity does not
+		`DELETE FROM app.accounts WHERE id = 4`,
+		`DELETE FROM app.accounts WHERE id = 30`,
+	} {
+		require.NoError(t, f.db.Exec(ctx, q), q)
+	}
+	require.NoError(t, f.drain(t, 9))
+	for _, r := range f.recs {
+		require.NotContains(t, string(r.Key), "null", "%s at %s: a usable key", r.Op, r.Position)
+	}
+	f.requireMirror(t, "app.accounts", "tf.app__accounts")
+}

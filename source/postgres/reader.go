@@ -507,9 +507,11 @@ func (r *Reader) add(rel uint32, op source.Op, oldType uint8, old, new *pglogrep
 	return nil
 }
 
-// keyOf marks a relation's primary key columns, read from the replica's
-// catalog (once per relation description); a table without a primary key
-// is keyed by its replica identity index's columns, and has no key under
+// keyOf marks a relation's key columns, read from the replica's catalog
+// (once per relation description): under REPLICA IDENTITY USING INDEX
+// that index's (the columns PostgreSQL sends on a delete, whatever the
+// primary key), otherwise the primary key's; a table without either is
+// keyed by its replica identity's flagged columns, and has no key under
 // REPLICA IDENTITY FULL.
 func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
 	pool, err := r.rep.poolOf()
@@ -519,8 +521,9 @@ func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rows, err := pool.Query(ctx, `SELECT a.attname FROM pg_index i
+		JOIN pg_class c ON c.oid = i.indrelid
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-		WHERE i.indrelid = $1 AND i.indisprimary`, rel.RelationID)
+		WHERE i.indrelid = $1 AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END`, rel.RelationID)
 	if err != nil {
 		return nil, fmt.Errorf("primary key of %s.%s: %w", rel.Namespace, rel.RelationName, err)
 	}
