@@ -27,6 +27,7 @@ import (
 	"hash/fnv"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -500,36 +501,103 @@ func (s *Source) heartbeat(ctx context.Context, sh *shard) {
 }
 
 // DeleteStream drops the stream's slots on every replica (ending a session
-// of ours that still holds one) and its publications.
+// of ours that still holds one), then its publications and snapshot
+// progress on every primary. It drops all it can reach: a server that
+// cannot be reached (or fails) does not stop the others, and the error
+// then names everything left, each with its cause (a server down is
+// retried, so a later call drops the rest).
 func (s *Source) DeleteStream(ctx context.Context, stream string) error {
+	var mu sync.Mutex
+	var left []error
+	each := func(rs []*replica, drop func(context.Context, *replica) error) {
+		var wg sync.WaitGroup
+		for _, r := range rs {
+			wg.Go(func() {
+				dctx, cancel := context.WithTimeout(ctx, dropTimeout)
+				defer cancel()
+				if err := drop(dctx, r); err != nil {
+					mu.Lock()
+					left = append(left, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	var all, primaries []*replica
 	for _, sh := range s.shards {
-		name := SlotName(stream, sh.id)
-		for _, r := range sh.replicas {
-			pool, err := r.poolOf()
-			if err != nil {
-				return err
-			}
-			_, err = pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
-				WHERE slot_name = $1 AND active_pid IS NOT NULL`, name)
-			if err == nil {
-				err = dropSlot(ctx, pool, name)
-			}
-			if err != nil {
-				return fmt.Errorf("drop slot %s on %s: %w", name, r.cfg.Alias, err)
-			}
+		all = append(all, sh.replicas...)
+		primaries = append(primaries, s.primary(sh))
+	}
+	each(all, func(ctx context.Context, r *replica) error {
+		name := SlotName(stream, r.shard)
+		if err := r.dropStreamSlot(ctx, name); err != nil {
+			return fmt.Errorf("slot %s on %s: %w", name, r.cfg.Alias, err)
 		}
-		pool, err := s.primary(sh).poolOf()
-		if err != nil {
+		return nil
+	})
+	each(primaries, func(ctx context.Context, r *replica) error {
+		if err := r.dropPublication(ctx, stream); err != nil {
+			return fmt.Errorf("publication %s and snapshot progress of shard %s on %s: %w", PublicationName(stream), r.shard, r.cfg.Alias, err)
+		}
+		return nil
+	})
+	if len(left) == 0 {
+		return nil
+	}
+	slices.SortFunc(left, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return &leftError{stream: stream, left: left}
+}
+
+// dropTimeout bounds dropping a stream's objects on one server, so that one
+// that hangs does not hold up reporting the rest.
+const dropTimeout = 20 * time.Second
+
+// leftError: DeleteStream dropped what it could reach; these are left.
+// It unwraps to every cause, so Classify sees them (a server down: retry).
+type leftError struct {
+	stream string
+	left   []error
+}
+
+func (e *leftError) Error() string {
+	msgs := make([]string, len(e.left))
+	for i, err := range e.left {
+		msgs[i] = err.Error()
+	}
+	return fmt.Sprintf("delete stream %s: dropped what could be reached; left: %s", e.stream, strings.Join(msgs, "; "))
+}
+
+func (e *leftError) Unwrap() []error { return e.left }
+
+// dropStreamSlot ends a session holding the slot and drops it, if it
+// exists.
+func (r *replica) dropStreamSlot(ctx context.Context, name string) error {
+	pool, err := r.poolOf()
+	if err != nil {
+		return err
+	}
+	if _, err = pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+		WHERE slot_name = $1 AND active_pid IS NOT NULL`, name); err != nil {
+		return err
+	}
+	return dropSlot(ctx, pool, name)
+}
+
+// dropPublication drops the stream's publication and its snapshot progress
+// rows for the replica's shard on it (a primary).
+func (r *replica) dropPublication(ctx context.Context, stream string) error {
+	pool, err := r.poolOf()
+	if err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{PublicationName(stream)}.Sanitize()); err != nil {
+		return err
+	}
+	for _, table := range []string{progressTable, deliveredTable} {
+		_, err = pool.Exec(ctx, `DELETE FROM `+table+` WHERE stream = $1 AND shard = $2`, stream, r.shard)
+		if err != nil && !isCode(err, "42P01") && !isCode(err, "3F000") { // no snapshot ever ran there
 			return err
-		}
-		if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{PublicationName(stream)}.Sanitize()); err != nil {
-			return fmt.Errorf("drop publication on %s: %w", s.primary(sh).cfg.Alias, err)
-		}
-		for _, table := range []string{progressTable, deliveredTable} {
-			_, err = pool.Exec(ctx, `DELETE FROM `+table+` WHERE stream = $1 AND shard = $2`, stream, sh.id)
-			if err != nil && !isCode(err, "42P01") && !isCode(err, "3F000") { // no snapshot ever ran there
-				return fmt.Errorf("drop snapshot progress on %s: %w", s.primary(sh).cfg.Alias, err)
-			}
 		}
 	}
 	return nil
