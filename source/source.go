@@ -158,6 +158,9 @@ const (
 	Delete Op = "delete"
 	// Read: a row as it was copied by a snapshot (After holds it).
 	Read Op = "read"
+	// Truncate: every row of the table in the tablet was removed (Table
+	// says which; Key, Before and After are nil).
+	Truncate Op = "truncate"
 )
 
 // Record is one change. Key, Before and After are JSON objects; Before is

@@ -51,13 +51,14 @@ const (
 	// healthTTL: ListTablets answers from its last look at the servers for
 	// this long (every tablet's selection lists the topology).
 	healthTTL = time.Second
-	// walSenderTimeout is asked for on replication connections: a session
-	// of a dead worker releases its slot after this long.
-	walSenderTimeout = "20s"
 	// slotCreateTimeout bounds creating a slot on a standby, which waits
 	// for the primary's next running-transactions record.
 	slotCreateTimeout = 60 * time.Second
 )
+
+// walSenderTimeout is asked for on replication connections: a session of
+// a dead worker releases its slot after this long (a variable for tests).
+var walSenderTimeout = 20 * time.Second
 
 // Source is a set of PostgreSQL shards. It is safe for concurrent use.
 type Source struct {
@@ -271,9 +272,9 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 			schema, name, _ := strings.Cut(t, ".")
 			tables[i] = pgx.Identifier{schema, name}.Sanitize()
 		}
-		// TRUNCATE is not published: a change log of it cannot be replayed
-		// per key (docs/sources/postgres.md, Limits).
-		_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, update, delete')`,
+		// TRUNCATE is published too: the reader delivers it as a record
+		// (op "truncate"), never ignored.
+		_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, update, delete, truncate')`,
 			pgx.Identifier{pub}.Sanitize(), strings.Join(tables, ", ")))
 		if err != nil && !isCode(err, "42710") { // duplicate_object: a concurrent ensure
 			return streamMeta{}, fmt.Errorf("create publication on %s: %w", prim.cfg.Alias, err)
@@ -709,7 +710,7 @@ func (r *replica) replConn(ctx context.Context, name string) (*pgconn.PgConn, er
 	pc.ConnectTimeout = connectTimeout
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = name
-	pc.RuntimeParams["wal_sender_timeout"] = walSenderTimeout
+	pc.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(walSenderTimeout.Milliseconds(), 10) + "ms"
 	return pgconn.ConnectConfig(ctx, pc)
 }
 
