@@ -36,3 +36,11 @@ func BreakConnection(r *Reader) {
 		_ = r.conn.Conn().Close()
 	}
 }
+
+// SetWalSenderTimeout sets the wal_sender_timeout readers ask for on
+// their replication connections, until the returned function restores it.
+func SetWalSenderTimeout(d time.Duration) (restore func()) {
+	old := walSenderTimeout
+	walSenderTimeout = d
+	return func() { walSenderTimeout = old }
+}

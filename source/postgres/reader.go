@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -47,7 +48,12 @@ type Reader struct {
 	rep *replica
 
 	stream string
-	conn   *pgconn.PgConn
+	// mu serialises the connection's use, and guards conn, acked and
+	// lastStatus, between the reader's caller and its keeper (keep), which
+	// answers the server while no read runs; stopKeep stops the keeper.
+	mu       sync.Mutex
+	stopKeep func()
+	conn     *pgconn.PgConn
 	// pos: everything up to it was returned by GetChanges (the checkpoint
 	// the next call continues from).
 	pos source.Checkpoint
@@ -171,11 +177,15 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 		}
 	}
 	r.pos = b.Checkpoint
+	r.mu.Lock()
+	var err error
 	if time.Since(r.lastStatus) > statusEvery {
-		if err := r.sendStatus(); err != nil {
-			r.Close()
-			return source.Batch{}, err
-		}
+		err = r.sendStatus()
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.Close()
+		return source.Batch{}, err
 	}
 	return b, nil
 }
@@ -188,15 +198,20 @@ func (r *Reader) Ack(ctx context.Context, stream, tablet string, cp source.Check
 	if len(r.unacked) > 0 {
 		r.ackChunks(ctx, stream, cp)
 	}
+	r.mu.Lock()
 	if lsn <= r.acked {
+		r.mu.Unlock()
 		return nil
 	}
 	r.acked = lsn
+	var err error
 	if r.conn != nil && r.stream == stream {
-		if err := r.sendStatus(); err != nil {
-			r.Close()
-			return err
-		}
+		err = r.sendStatus()
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.Close()
+		return err
 	}
 	if time.Since(r.advanced) > advanceEvery {
 		r.advanced = time.Now()
@@ -207,12 +222,18 @@ func (r *Reader) Ack(ctx context.Context, stream, tablet string, cp source.Check
 
 // Close ends the replication connection.
 func (r *Reader) Close() error {
+	if r.stopKeep != nil {
+		r.stopKeep()
+		r.stopKeep = nil
+	}
+	r.mu.Lock()
 	if r.conn != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = r.conn.Close(cctx)
 		cancel()
 		r.conn = nil
 	}
+	r.mu.Unlock()
 	r.open, r.ready, r.rels, r.snap, r.unacked = nil, nil, nil, nil, nil
 	r.waiting = false
 	return nil
@@ -258,7 +279,44 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 		r.Close()
 		return err
 	}
+	r.startKeeper(conn)
 	return nil
+}
+
+// startKeeper starts keep on conn until Close.
+func (r *Reader) startKeeper(conn *pgconn.PgConn) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go r.keep(ctx, conn, walSenderTimeout/4, done)
+	r.stopKeep = func() {
+		cancel()
+		<-done
+	}
+}
+
+// keep tells the server our committed position at least every interval
+// while no read is receiving (a read answers the server itself): between
+// reads, while the sink commits or a snapshot chunk waits, the walsender,
+// which hangs up after wal_sender_timeout without a word from us, keeps
+// the session (and the replica is not charged for a hang-up). What the
+// server sends meanwhile waits in the socket; a walsender whose output is
+// blocked still reads our replies. A failed send shows at the next read.
+func (r *Reader) keep(ctx context.Context, conn *pgconn.PgConn, interval time.Duration, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(interval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		if r.conn == conn && time.Since(r.lastStatus) >= interval {
+			_ = r.sendStatus()
+		}
+		r.mu.Unlock()
+	}
 }
 
 // meta is the stream's record as the replica has it (the catalog is
@@ -392,7 +450,9 @@ func (s *Source) unservable(ctx context.Context, stream string, sh *shard, from 
 // rctx ends (a poll's or a linger's deadline, under ctx). got is false when
 // none came.
 func (r *Reader) receive(ctx, rctx context.Context) (got bool, err error) {
+	r.mu.Lock()
 	msg, err := r.conn.ReceiveMessage(rctx)
+	r.mu.Unlock()
 	if err != nil {
 		if pgconn.Timeout(err) && ctx.Err() == nil {
 			return false, nil
@@ -417,6 +477,8 @@ func (r *Reader) receive(ctx, rctx context.Context) (got bool, err error) {
 			}
 			r.waiting = r.open == nil
 			if k.ReplyRequested {
+				r.mu.Lock()
+				defer r.mu.Unlock()
 				return true, r.sendStatus()
 			}
 		case pglogrepl.XLogDataByteID:
@@ -569,7 +631,7 @@ func (r *Reader) SlotStats(ctx context.Context, stream string) (source.SlotStats
 	return st, nil
 }
 
-// sendStatus tells the server our committed position.
+// sendStatus tells the server our committed position; r.mu is held.
 func (r *Reader) sendStatus() error {
 	r.lastStatus = time.Now()
 	return pglogrepl.SendStandbyStatusUpdate(context.Background(), r.conn, pglogrepl.StandbyStatusUpdate{
