@@ -56,6 +56,9 @@ func TestAMissingPublicationFailsTheTabletRatherThanStreamingNothing(t *testing.
 	require.NoError(t, sb.Exec(ctx, `SELECT pg_wal_replay_pause()`))
 	t.Cleanup(func() { _ = sb.Exec(context.Background(), `SELECT pg_wal_replay_resume()`) })
 	require.NoError(t, p.Exec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE public.items`))
+	var onStandby int
+	require.NoError(t, sb.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'items'`, pub).Scan(&onStandby))
+	require.Zero(t, onStandby, "the standby has not replayed the table's return")
 	require.NoError(t, ask(standby), "the primary publishes every table: the standby has yet to replay it")
 	require.NoError(t, sb.Exec(ctx, `SELECT pg_wal_replay_resume()`))
 
