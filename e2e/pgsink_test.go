@@ -133,7 +133,7 @@ func TestTabletdIntoPostgresIsExactAcrossWorkerKills(t *testing.T) {
 func mirrorRows(ctx context.Context, conn *pgx.Conn, schema string, tables ...string) (map[string]map[string]any, error) {
 	out := map[string]map[string]any{}
 	for _, table := range tables {
-		rows, err := conn.Query(ctx, `SELECT to_jsonb(t)::text FROM `+pgx.Identifier{schema, table}.Sanitize()+` t`)
+		rows, err := conn.Query(ctx, `SELECT (to_jsonb(t) - 'tabletflow_tablet')::text FROM `+pgx.Identifier{schema, table}.Sanitize()+` t`) // less the sink's column
 		if err != nil {
 			return nil, err
 		}
@@ -227,7 +227,7 @@ func mirrorTables(ctx context.Context, n *pgbed.Node) (pgbed.TextTables, error) 
 	defer conn.Close(ctx)
 	out := pgbed.TextTables{}
 	for _, table := range pgbed.Tables {
-		rows, err := conn.Query(ctx, `SELECT to_jsonb(t)::text FROM mirror.`+strings.ReplaceAll(table, ".", "__")+` t`)
+		rows, err := conn.Query(ctx, `SELECT (to_jsonb(t) - 'tabletflow_tablet')::text FROM mirror.`+strings.ReplaceAll(table, ".", "__")+` t`) // less the sink's column
 		if err != nil {
 			return nil, err
 		}

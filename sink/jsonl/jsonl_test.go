@@ -105,6 +105,7 @@ func TestLineFormat(t *testing.T) {
 			Op: source.Insert, Key: json.RawMessage(`{"id":7}`), After: json.RawMessage(`{"id":7,"note":"<b> & \"x\""}`)},
 		{Tablet: "t-0001", Position: source.Checkpoint{Term: 2, Index: 8}, CommitTime: at.Add(time.Nanosecond), Table: "order \"items\"",
 			Op: source.Delete, Key: json.RawMessage(`{"id":8}`), Before: json.RawMessage("{\n  \"id\": 8\n}")},
+		{Tablet: "t-0001", Position: source.Checkpoint{Term: 2, Index: 9}, CommitTime: at, Table: "orders", Op: source.Truncate},
 	}
 	commit(t, dir, "t-0001", recs)
 
@@ -113,7 +114,9 @@ func TestLineFormat(t *testing.T) {
 	want := `{"stream":"orders","tablet":"t-0001","position":"2.7","table":"orders","op":"insert",` +
 		`"key":{"id":7},"before":null,"after":{"id":7,"note":"<b> & \"x\""},"commitTime":"2026-11-30T09:05:00.12Z"}` + "\n" +
 		`{"stream":"orders","tablet":"t-0001","position":"2.8","table":"order \"items\"","op":"delete",` +
-		`"key":{"id":8},"before":{"id":8},"after":null,"commitTime":"2026-11-30T09:05:00.120000001Z"}` + "\n"
+		`"key":{"id":8},"before":{"id":8},"after":null,"commitTime":"2026-11-30T09:05:00.120000001Z"}` + "\n" +
+		`{"stream":"orders","tablet":"t-0001","position":"2.9","table":"orders","op":"truncate",` +
+		`"key":null,"before":null,"after":null,"commitTime":"2026-11-30T09:05:00.12Z"}` + "\n"
 	require.Equal(t, want, string(data), "fields in order, JSON verbatim (compacted only across a line break), UTC RFC3339Nano")
 }
 

@@ -69,7 +69,7 @@ func linePrefix(stream, tablet string) []byte {
 // invalid JSON, and leaves buf's contents up to len(buf) untouched.
 func appendLine(buf, prefix []byte, rec *source.Record) ([]byte, error) {
 	switch rec.Op {
-	case source.Insert, source.Update, source.Delete, source.Read:
+	case source.Insert, source.Update, source.Delete, source.Read, source.Truncate:
 	default:
 		return buf, fmt.Errorf("%w: position %s: op %q", ErrBadRecord, rec.Position, rec.Op)
 	}

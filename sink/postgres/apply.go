@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -34,12 +35,21 @@ import (
 // an insert adds a row, a delete removes one row equal to its before
 // image, an update does both.
 //
+// Every row the sink writes into its mirror tables records the tablet that
+// wrote it last, in the column tabletflow_tablet (a given table's too, if
+// it has that column), so that a truncate removes that tablet's rows of
+// the table and only those: other shards' rows of the same table stay.
+//
 // Tables and columns are made in transactions of their own before the
 // batch's; the rows are written in the batch's transaction, beside the
 // checkpoint, so a batch whose rows do not fit (a mirror table keyed
 // otherwise, a column of another type, a value its column's type or a
 // constraint refuses) writes no row and moves no checkpoint; a table or
 // column it made stays, empty.
+
+// ownerCol is the column of a mirror table that holds the tablet that
+// wrote each row last. A source column of that name is refused.
+const ownerCol = "tabletflow_tablet"
 
 // mirror is what the sink knows of one mirror table.
 type mirror struct {
@@ -135,6 +145,9 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 		return nil, fmt.Errorf("%w: mirror table %s is keyed by %s, records of %s by %s",
 			sink.ErrBadRecord, m.name, keyDesc(m.key), r.Table, keyDesc(keyCols))
 	}
+	if err := s.addOwner(ctx, m); err != nil {
+		return nil, err
+	}
 	for _, c := range cols {
 		if m.cols[c] {
 			continue
@@ -143,6 +156,65 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 			return nil, fmt.Errorf("add column %s to %s: %w", c, m.name, classify(err))
 		}
 		m.cols[c] = true
+	}
+	return m, nil
+}
+
+// addOwner gives a mirror table the sink made its tabletflow_tablet column
+// if it lacks it (one made by an earlier version: its rows there have
+// none).
+func (s *Sink) addOwner(ctx context.Context, m *mirror) error {
+	if m.cols[ownerCol] || m.given != "" {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `ALTER TABLE `+m.name+` ADD COLUMN IF NOT EXISTS `+ownerCol+` text`); err != nil && !madeMeanwhile(err) {
+		return fmt.Errorf("add column %s to %s: %w", ownerCol, m.name, classify(err))
+	}
+	m.cols[ownerCol] = true
+	return nil
+}
+
+// truncatable returns the mirror of a source table for a truncate of it,
+// nil when there is none yet (nothing to remove; a truncate makes no
+// table). A table whose rows do not all say which tablet wrote them (a
+// given table without the column, rows an earlier version wrote) cannot
+// tell the tablet's rows from other shards': ErrBadRecord, naming what
+// to do.
+func (s *Sink) truncatable(ctx context.Context, r source.Record) (*mirror, error) {
+	s.mirrors.mu.Lock()
+	defer s.mirrors.mu.Unlock()
+	if s.mirrors.m == nil {
+		s.mirrors.m = map[string]*mirror{}
+	}
+	m := s.mirrors.m[r.Table]
+	if m == nil {
+		var err error
+		if target, ok := s.given[r.Table]; ok {
+			m, err = s.loadGiven(ctx, r.Table, target)
+		} else {
+			m, err = s.loadMirror(ctx, pgx.Identifier{s.schema, mirrorName(r.Table)}.Sanitize())
+		}
+		if err != nil || len(m.cols) == 0 {
+			return nil, err
+		}
+		s.mirrors.m[r.Table] = m
+	}
+	if !m.cols[ownerCol] {
+		if m.given != "" {
+			return nil, fmt.Errorf("%w: truncate of %s at %s: table %s of %s has no column %s to tell this tablet's rows from other shards' (add it, of type text, and the sink fills it)",
+				sink.ErrBadRecord, r.Table, r.Position, m.name, m.given, ownerCol)
+		}
+		if err := s.addOwner(ctx, m); err != nil {
+			return nil, err
+		}
+	}
+	var unowned bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+m.name+` WHERE `+ownerCol+` IS NULL)`).Scan(&unowned); err != nil {
+		return nil, fmt.Errorf("truncate of %s: read %s: %w", r.Table, m.name, classify(err))
+	}
+	if unowned {
+		return nil, fmt.Errorf("%w: truncate of %s at %s: table %s holds rows without their tablet in %s (written before the sink recorded it), so it cannot tell this tablet's: set it on them, then retry the tablet",
+			sink.ErrBadRecord, r.Table, r.Position, m.name, ownerCol)
 	}
 	return m, nil
 }
@@ -163,10 +235,11 @@ func (s *Sink) makeMirror(ctx context.Context, table string, keyCols, cols []str
 	if err != nil || len(m.cols) > 0 {
 		return m, err
 	}
-	defs := make([]string, 0, len(cols)+1)
+	defs := make([]string, 0, len(cols)+2)
 	for _, c := range cols {
 		defs = append(defs, pgx.Identifier{c}.Sanitize()+" jsonb")
 	}
+	defs = append(defs, ownerCol+" text")
 	if len(keyCols) > 0 {
 		defs = append(defs, "PRIMARY KEY ("+quoteAll(keyCols)+")")
 	}
@@ -281,6 +354,23 @@ func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch
 	b := &pgx.Batch{}
 	what := make([]string, 0, len(recs))
 	for _, r := range recs {
+		if r.Op == source.Truncate {
+			m, err := s.truncatable(ctx, r)
+			if err != nil {
+				return nil, nil, err
+			}
+			if m == nil {
+				continue
+			}
+			what = append(what, fmt.Sprintf("truncate of %s at %s in %s", r.Table, r.Position, m.name))
+			if m.given != "" {
+				b.Queue(`DELETE FROM `+m.name+` WHERE `+ownerCol+` = (jsonb_populate_record(NULL::`+m.name+`, $1::jsonb)).`+ownerCol,
+					fmt.Sprintf(`{%q:%q}`, ownerCol, r.Tablet))
+			} else {
+				b.Queue(`DELETE FROM `+m.name+` WHERE `+ownerCol+` = $1`, r.Tablet)
+			}
+			continue
+		}
 		keyCols, key, err := fields(r.Key)
 		if err != nil || key == nil {
 			return nil, nil, fmt.Errorf("%w: key of %s at %s is not a JSON object", sink.ErrBadRecord, r.Table, r.Position)
@@ -301,6 +391,9 @@ func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch
 				}
 				after[k] = key[k]
 			}
+		}
+		if slices.Contains(cols, ownerCol) || slices.Contains(keyCols, ownerCol) || slices.Contains(beforeCols, ownerCol) {
+			return nil, nil, fmt.Errorf("%w: %s at %s: the column %s is the sink's (the tablet that wrote the row)", sink.ErrBadRecord, r.Table, r.Position, ownerCol)
 		}
 		keyless := len(keyCols) == 0
 		if keyless {
@@ -327,9 +420,15 @@ func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch
 		moved := r.Op == source.Update && !keyless && movedFrom(keyCols, key, before)
 		var q string
 		var args []any
+		if m.cols[ownerCol] && r.Op != source.Delete { // the row says which tablet wrote it
+			owner, _ := json.Marshal(r.Tablet)
+			after = maps.Clone(after)
+			after[ownerCol] = owner
+			cols = append(slices.Clip(cols), ownerCol)
+		}
 		switch {
 		case keyless:
-			q, args, err = keylessStatement(m, r.Op, beforeCols, before, after)
+			q, args, err = keylessStatement(m, r.Op, r.Tablet, beforeCols, before, after)
 		case m.given != "":
 			q, args, err = givenStatement(m, r.Op, moved, keyCols, cols, key, before, after)
 		default:
@@ -429,6 +528,9 @@ func insertValues(m *mirror, cols []string, vals map[string]json.RawMessage) (st
 	for i, c := range cols {
 		names[i], params[i] = pgx.Identifier{c}.Sanitize(), fmt.Sprintf("NULLIF($%d::jsonb, 'null'::jsonb)", i+1) // JSON null: SQL NULL
 		args[i] = string(vals[c])
+		if c == ownerCol {
+			params[i] = fmt.Sprintf("($%d::jsonb #>> '{}')", i+1) // text
+		}
 	}
 	return `INSERT INTO ` + m.name + ` (` + strings.Join(names, ", ") + `) VALUES (` + strings.Join(params, ", ") + `)`, args
 }
@@ -438,7 +540,7 @@ func insertValues(m *mirror, cols []string, vals map[string]json.RawMessage) (st
 // an insert adds its row; a delete removes one row whose columns equal its
 // before image's (which one does not matter: they are equal); an update
 // removes one so and adds its after image over that row's values.
-func keylessStatement(m *mirror, op source.Op, beforeCols []string, before, after map[string]json.RawMessage) (string, []any, error) {
+func keylessStatement(m *mirror, op source.Op, tablet string, beforeCols []string, before, after map[string]json.RawMessage) (string, []any, error) {
 	if m.given != "" {
 		return "", nil, fmt.Errorf("records without a key cannot go into %s of %s, which is upserted by its primary key", m.name, m.given)
 	}
@@ -451,11 +553,12 @@ func keylessStatement(m *mirror, op source.Op, beforeCols []string, before, afte
 		q, args := insertValues(m, cols, after)
 		return q, args, nil
 	}
-	match := make([]string, len(beforeCols))
-	args := make([]any, len(beforeCols))
-	for i, c := range beforeCols {
-		match[i] = fmt.Sprintf("%s IS NOT DISTINCT FROM NULLIF($%d::jsonb, 'null'::jsonb)", pgx.Identifier{c}.Sanitize(), i+1)
-		args[i] = string(before[c])
+	// one of this tablet's rows: equal rows of other shards are theirs
+	match := []string{ownerCol + " = $1"}
+	args := []any{tablet}
+	for _, c := range beforeCols {
+		match = append(match, fmt.Sprintf("%s IS NOT DISTINCT FROM NULLIF($%d::jsonb, 'null'::jsonb)", pgx.Identifier{c}.Sanitize(), len(args)+1))
+		args = append(args, string(before[c]))
 	}
 	del := `DELETE FROM ` + m.name + ` WHERE ctid = (SELECT ctid FROM ` + m.name + ` WHERE ` + strings.Join(match, " AND ") + ` LIMIT 1)`
 	if op == source.Delete {

@@ -72,7 +72,8 @@ func TestApplyModeKeepsTheCurrentRowsAndFailsWholeOnAMisfit(t *testing.T) {
 	require.Equal(t, batch[4].Position, w2.Checkpoint())
 
 	// A column of another type than jsonb, made by hand: a clear error.
-	require.NoError(t, db.Exec(ctx, `CREATE TABLE mirror.public__items (id jsonb PRIMARY KEY, qty integer)`))
+	require.NoError(t, db.Exec(ctx, `CREATE TABLE mirror.public__items (id jsonb PRIMARY KEY, qty integer);
+		ALTER TABLE mirror.public__items OWNER TO `+pgbed.User)) // the sink adds its columns
 	item := source.Record{Tablet: "t-0001", Position: source.Checkpoint{Term: 1, Index: 9}, Table: "public.items", Op: source.Insert,
 		Key: json.RawMessage(`{"id":1}`), After: json.RawMessage(`{"id":1,"qty":2}`), CommitTime: time.Unix(1, 0)}
 	require.NoError(t, w2.Write(ctx, []source.Record{rec(8, source.Insert, `{"id":5}`, `{"id":5,"amount":3}`), item}))

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -20,46 +21,66 @@ import (
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 )
 
-// flow streams tables of a test bed's one shard through the PostgreSQL
-// source, read on its primary, into a sink: what the GetChanges activity
-// does, without Temporal.
+// flow streams tables of one shard of a test bed through the PostgreSQL
+// source, read on the shard's primary, into a sink on the first shard's
+// primary: what the GetChanges activity does, without Temporal.
 type flow struct {
-	db     *pgbed.Node
-	stream string
-	rd     source.ReplicaReader
-	w      sink.TabletWriter
-	cp     source.Checkpoint
-	recs   []source.Record
+	db, sinkDB *pgbed.Node
+	stream     string
+	shard      string
+	src        *pgsource.Source
+	rd         source.ReplicaReader
+	w          sink.TabletWriter
+	cp         source.Checkpoint
+	recs       []source.Record
 }
 
-// newFlow starts a bed of one shard, runs ddl on its primary as the
-// superuser (tables it makes are given to the adapter's role, which
-// publishes them), makes the stream over tables and opens the shard's
-// tablet "s1" in a sink of cfg.
+// newFlow is newFlows of one shard.
 func newFlow(t *testing.T, ddl string, tables []string, cfg pgsink.Config) *flow {
+	return newFlows(t, 1, ddl, tables, cfg)[0]
+}
+
+// newFlows starts a bed of n shards, runs ddl on each primary as the
+// superuser (tables it makes are given to the adapter's role, which
+// publishes them), makes the stream over tables and opens each shard's
+// tablet ("s1", "s2", …) in one sink of cfg.
+func newFlows(t *testing.T, n int, ddl string, tables []string, cfg pgsink.Config) []*flow {
 	t.Helper()
 	ctx := ctxFor(t, time.Minute)
-	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
-	require.NoError(t, db.Exec(ctx, ddl))
-	for _, tbl := range tables {
-		require.NoError(t, db.Exec(ctx, `ALTER TABLE `+tbl+` OWNER TO `+pgbed.User))
+	bed := pgbed.StartT(t, pgbed.Options{Shards: n})
+	env := map[string]string{}
+	scfg := pgsource.Config{Tables: tables}
+	for i, sh := range bed.Shards {
+		require.NoError(t, sh.Primary.Exec(ctx, ddl))
+		for _, tbl := range tables {
+			require.NoError(t, sh.Primary.Exec(ctx, `ALTER TABLE `+tbl+` OWNER TO `+pgbed.User))
+		}
+		id := fmt.Sprintf("s%d", i+1)
+		env["P"+id] = sh.Primary.DSN()
+		scfg.Shards = append(scfg.Shards, pgsource.Shard{ID: id, Replicas: []pgsource.ShardReplica{
+			{Alias: "zone1-" + id + "p", Cell: "zone1", Type: "PRIMARY", DSNEnv: "P" + id}}})
 	}
-	scfg := pgsource.Config{Tables: tables, Shards: []pgsource.Shard{{ID: "s1", Replicas: []pgsource.ShardReplica{
-		{Alias: "zone1-s1p", Cell: "zone1", Type: "PRIMARY", DSNEnv: "P"}}}}}
-	src, err := pgsource.New(scfg, func(string) string { return db.DSN() })
+	src, err := pgsource.New(scfg, func(k string) string { return env[k] })
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = src.Close() })
 	const stream = "follow"
 	st, err := src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: tables, StartFrom: source.StartEarliest})
 	require.NoError(t, err)
-	rd, err := src.OpenReplica(ctx, source.Replica{Tablet: "s1", Alias: "zone1-s1p"})
-	require.NoError(t, err)
-	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+	sinkDB := bed.Shards[0].Primary
+	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return sinkDB.DSN() })
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	w, err := s.Open(ctx, "s1")
-	require.NoError(t, err)
-	return &flow{db: db, stream: stream, rd: rd, w: w, cp: st.Start["s1"]}
+	var out []*flow
+	for i, sh := range bed.Shards {
+		id := fmt.Sprintf("s%d", i+1)
+		rd, err := src.OpenReplica(ctx, source.Replica{Tablet: id, Alias: "zone1-" + id + "p"})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = rd.(io.Closer).Close() })
+		w, err := s.Open(ctx, id)
+		require.NoError(t, err)
+		out = append(out, &flow{db: sh.Primary, sinkDB: sinkDB, stream: stream, shard: id, src: src, rd: rd, w: w, cp: st.Start[id]})
+	}
+	return out
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
@@ -75,7 +96,7 @@ func (f *flow) drain(t *testing.T, n int) error {
 	t.Helper()
 	ctx := ctxFor(t, time.Minute)
 	for got := 0; got < n; {
-		b, err := f.rd.GetChanges(ctx, source.ChangesRequest{Stream: f.stream, Tablet: "s1", From: f.cp, MaxRecords: 3, MaxWait: time.Second})
+		b, err := f.rd.GetChanges(ctx, source.ChangesRequest{Stream: f.stream, Tablet: f.shard, From: f.cp, MaxRecords: 3, MaxWait: time.Second})
 		require.NoError(t, err)
 		for _, r := range b.Records {
 			require.Equal(t, 1, r.Position.Compare(f.cp), "positions increase: %s after %s", r.Position, f.cp)
@@ -90,25 +111,21 @@ func (f *flow) drain(t *testing.T, n int) error {
 		if err := f.w.Commit(ctx, b.Checkpoint); err != nil {
 			return err
 		}
-		require.NoError(t, f.rd.Ack(ctx, f.stream, "s1", b.Checkpoint))
+		require.NoError(t, f.rd.Ack(ctx, f.stream, f.shard, b.Checkpoint))
 	}
 	return nil
 }
 
 // rowsOf reads a table's rows as sorted JSON texts (to_jsonb, less the
-// columns drop), duplicates kept: a multiset to compare a mirror table
-// with its source.
-func (f *flow) rowsOf(t *testing.T, table string, drop ...string) []string {
+// sink's tabletflow_tablet column), duplicates kept: a multiset to compare
+// a mirror table with its source.
+func rowsOf(t *testing.T, db *pgbed.Node, table string) []string {
 	t.Helper()
 	ctx := ctxFor(t, 10*time.Second)
-	conn, err := f.db.Connect(ctx)
+	conn, err := db.Connect(ctx)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	expr := "to_jsonb(t)"
-	for _, c := range drop {
-		expr += " - '" + c + "'"
-	}
-	rows, err := conn.Query(ctx, `SELECT (`+expr+`)::text FROM `+table+` t`)
+	rows, err := conn.Query(ctx, `SELECT (to_jsonb(t) - 'tabletflow_tablet')::text FROM `+table+` t`)
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -116,12 +133,17 @@ func (f *flow) rowsOf(t *testing.T, table string, drop ...string) []string {
 	return out
 }
 
-// requireMirror checks that the mirror table holds exactly the source
-// table's rows: the same multiset of rows, none twice more than there.
-func (f *flow) requireMirror(t *testing.T, table, mirror string, drop ...string) {
+// requireMirror checks that the mirror table holds exactly the rows of
+// the source table on every flow's shard: the same multiset of rows, none
+// twice more than there.
+func requireMirror(t *testing.T, flows []*flow, table, mirror string) {
 	t.Helper()
-	want := f.rowsOf(t, table)
-	require.Equal(t, want, f.rowsOf(t, mirror, drop...), "%s mirrors %s", mirror, table)
+	var want []string
+	for _, f := range flows {
+		want = append(want, rowsOf(t, f.db, table)...)
+	}
+	slices.Sort(want)
+	require.Equal(t, want, rowsOf(t, flows[0].sinkDB, mirror), "%s mirrors %s", mirror, table)
 }
 
 // Apply mode follows key changes: an update that changes a row's primary
@@ -174,9 +196,9 @@ func TestApplyModeFollowsKeyChangesAndTablesWithoutAKey(t *testing.T) {
 			require.NotContains(t, string(r.After), `"body":null`, "an unchanged TOASTed value is left out of a key change's after, never null")
 		}
 	}
-	f.requireMirror(t, "app.docs", "tf.app__docs")
-	f.requireMirror(t, "app.fullrows", "tf.app__fullrows")
-	f.requireMirror(t, "app.logs", "tf.app__logs")
+	requireMirror(t, []*flow{f}, "app.docs", "tf.app__docs")
+	requireMirror(t, []*flow{f}, "app.fullrows", "tf.app__fullrows")
+	requireMirror(t, []*flow{f}, "app.logs", "tf.app__logs")
 }
 
 // A key change moves a row of a given table too: the row at the before
@@ -287,5 +309,151 @@ func TestApplyModeFollowsATableKeyedByItsReplicaIdentityIndex(t *testing.T) {
 	for _, r := range f.recs {
 		require.NotContains(t, string(r.Key), "null", "%s at %s: a usable key", r.Op, r.Position)
 	}
-	f.requireMirror(t, "app.accounts", "tf.app__accounts")
+	requireMirror(t, []*flow{f}, "app.accounts", "tf.app__accounts")
+}
+
+// TRUNCATE is followed (the issue's case: 50 rows mirrored, then TRUNCATE
+// and 5 new rows on the source): the source delivers a record of op
+// "truncate" per table, and apply mode removes that shard's rows of the
+// table, and only that shard's: the other shard's rows of the same mirror
+// tables stay, equal rows of a table without a key among them.
+func TestApplyModeRemovesOnlyTheTruncatedShardsRows(t *testing.T) {
+	const ddl = `CREATE SCHEMA app;
+		CREATE TABLE app.orders (id bigint PRIMARY KEY, v text);
+		CREATE TABLE app.tags (a int, b text);
+		ALTER TABLE app.tags REPLICA IDENTITY FULL;
+		GRANT ALL ON SCHEMA app TO ` + pgbed.User
+	tables := []string{"app.orders", "app.tags"}
+	flows := newFlows(t, 2, ddl, tables, pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf"})
+	ctx := ctxFor(t, time.Minute)
+	s1, s2 := flows[0], flows[1]
+	require.NoError(t, s1.db.Exec(ctx, `INSERT INTO app.orders SELECT g, 'one' FROM generate_series(1, 50) g;
+		INSERT INTO app.tags VALUES (1, 'x'), (2, 'y')`))
+	require.NoError(t, s2.db.Exec(ctx, `INSERT INTO app.orders SELECT g, 'two' FROM generate_series(1001, 1010) g;
+		INSERT INTO app.tags VALUES (1, 'x'), (3, 'z')`))
+	require.NoError(t, s1.drain(t, 52))
+	require.NoError(t, s2.drain(t, 12))
+	requireMirror(t, flows, "app.orders", "tf.app__orders")
+	requireMirror(t, flows, "app.tags", "tf.app__tags")
+
+	require.NoError(t, s1.db.Exec(ctx, `TRUNCATE app.orders, app.tags`))
+	require.NoError(t, s1.db.Exec(ctx, `INSERT INTO app.orders SELECT g, 'new' FROM generate_series(51, 55) g;
+		INSERT INTO app.tags VALUES (1, 'x')`))
+	from := len(s1.recs)
+	require.NoError(t, s1.drain(t, 8))
+	var truncated []string
+	for _, r := range s1.recs[from:] {
+		if r.Op == source.Truncate {
+			truncated = append(truncated, r.Table)
+			require.Nil(t, r.Key, "a truncate has no key")
+			require.Nil(t, r.Before)
+			require.Nil(t, r.After)
+		}
+	}
+	require.ElementsMatch(t, tables, truncated, "a truncate record per table")
+	requireMirror(t, flows, "app.orders", "tf.app__orders")
+	requireMirror(t, flows, "app.tags", "tf.app__tags")
+	var n int
+	require.NoError(t, s1.sinkDB.QueryRow(ctx, `SELECT count(*) FROM tf.app__orders`).Scan(&n))
+	require.Equal(t, 15, n, "shard s1's 5 new rows and s2's 10")
+}
+
+// Changelog mode stores a truncate like any record: its table and op, no
+// key, before or after.
+func TestChangelogModeStoresATruncate(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := ctxFor(t, time.Minute)
+	s, err := pgsink.New(ctx, pgsink.Config{Kind: "postgres", DSNEnv: "D", Schema: "tf"}, stream, func(string) string { return db.DSN() })
+	require.NoError(t, err)
+	defer s.Close()
+	w, err := s.Open(ctx, "t-0001")
+	require.NoError(t, err)
+	batch := []source.Record{
+		rec(1, source.Insert, `{"id":1}`, `{"id":1}`),
+		{Tablet: "t-0001", Position: source.Checkpoint{Term: 1, Index: 2}, Table: "public.orders", Op: source.Truncate, CommitTime: time.Unix(1, 0)},
+	}
+	require.NoError(t, w.Write(ctx, batch))
+	require.NoError(t, w.Commit(ctx, batch[1].Position))
+	got := read(t, db, "tf.changes")["t-0001"]
+	require.Len(t, got, 2)
+	require.Equal(t, source.Truncate, got[1].Op)
+	require.Equal(t, "public.orders", got[1].Table)
+	require.Nil(t, got[1].Key)
+	require.Nil(t, got[1].After)
+}
+
+// A stream's publication that does not publish truncates (one made before
+// they were followed) would let a TRUNCATE pass unseen: a reader refuses
+// to start on it, the tablet Failed saying so.
+func TestAPublicationWithoutTruncatesFailsTheTablet(t *testing.T) {
+	f := newFlow(t, `CREATE SCHEMA app; CREATE TABLE app.t (id int PRIMARY KEY); GRANT ALL ON SCHEMA app TO `+pgbed.User, []string{"app.t"},
+		pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf"})
+	ctx := ctxFor(t, time.Minute)
+	require.NoError(t, f.db.Exec(ctx, `ALTER PUBLICATION `+pgsource.PublicationName(f.stream)+` SET (publish = 'insert, update, delete')`))
+	rd, err := f.src.OpenReplica(ctx, source.Replica{Tablet: f.shard, Alias: "zone1-s1p"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rd.(io.Closer).Close() })
+	_, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: f.stream, Tablet: f.shard, From: f.cp, MaxRecords: 10, MaxWait: time.Second})
+	require.Error(t, err)
+	require.Equal(t, source.Fatal, f.src.Classify(err).Action, "%v", err)
+	require.ErrorContains(t, err, "does not publish truncates")
+}
+
+// A given table follows truncates when it has a tabletflow_tablet column,
+// which the sink fills: a truncate removes its tablet's rows only. Without
+// the column, a truncate fails the tablet naming it, nothing written; so
+// does one of a mirror table holding rows that say no tablet (made by an
+// earlier version).
+func TestApplyModeTruncatesAGivenTableByItsTabletColumn(t *testing.T) {
+	db := pgbed.StartT(t, pgbed.Options{Shards: 1}).Shards[0].Primary
+	ctx := ctxFor(t, time.Minute)
+	require.NoError(t, db.Exec(ctx, `CREATE SCHEMA app;
+		GRANT USAGE ON SCHEMA app TO `+pgbed.User+`;
+		CREATE TABLE app.owned (id bigint PRIMARY KEY, v text, tabletflow_tablet text);
+		CREATE TABLE app.plain (id bigint PRIMARY KEY, v text);
+		GRANT SELECT, INSERT, UPDATE, DELETE ON app.owned, app.plain TO `+pgbed.User))
+	cfg := pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf",
+		Tables: map[string]string{"public.owned": "app.owned", "public.plain": "app.plain"}}
+	s, err := pgsink.New(ctx, cfg, stream, func(string) string { return db.DSN() })
+	require.NoError(t, err)
+	defer s.Close()
+	on := func(tablet, table string, pos uint64, op source.Op, id int) source.Record {
+		r := source.Record{Tablet: tablet, Position: source.Checkpoint{Term: 1, Index: pos}, Table: table, Op: op, CommitTime: time.Unix(1, 0)}
+		if op != source.Truncate {
+			r.Key, r.After = []byte(fmt.Sprintf(`{"id":%d}`, id)), []byte(fmt.Sprintf(`{"id":%d,"v":"x"}`, id))
+		}
+		return r
+	}
+	commit := func(tablet string, recs ...source.Record) error {
+		w, err := s.Open(ctx, tablet)
+		require.NoError(t, err)
+		if err := w.Write(ctx, recs); err != nil {
+			return err
+		}
+		return w.Commit(ctx, recs[len(recs)-1].Position)
+	}
+	require.NoError(t, commit("t-1", on("t-1", "public.owned", 1, source.Insert, 1), on("t-1", "public.owned", 2, source.Insert, 2),
+		on("t-1", "public.plain", 3, source.Insert, 1)))
+	require.NoError(t, commit("t-2", on("t-2", "public.owned", 1, source.Insert, 3), on("t-2", "public.plain", 2, source.Insert, 3)))
+	require.NoError(t, commit("t-1", on("t-1", "public.owned", 4, source.Truncate, 0), on("t-1", "public.owned", 5, source.Insert, 4)))
+	got, err := db.Query(ctx, `SELECT id::text AS id, tabletflow_tablet AS tablet FROM app.owned ORDER BY id`)
+	require.NoError(t, err)
+	require.Equal(t, []map[string]any{{"id": "3", "tablet": "t-2"}, {"id": "4", "tablet": "t-1"}}, got)
+
+	err = commit("t-1", on("t-1", "public.plain", 6, source.Truncate, 0))
+	require.ErrorIs(t, err, sink.ErrBadRecord)
+	require.ErrorContains(t, err, "has no column tabletflow_tablet")
+	var n int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM app.plain`).Scan(&n))
+	require.Equal(t, 2, n, "nothing removed")
+
+	// A mirror table an earlier version made: its rows say no tablet.
+	require.NoError(t, db.Exec(ctx, `CREATE TABLE tf.public__legacy (id jsonb PRIMARY KEY, v jsonb);
+		ALTER TABLE tf.public__legacy OWNER TO `+pgbed.User+`;
+		INSERT INTO tf.public__legacy VALUES ('1', '"x"')`))
+	err = commit("t-2", on("t-2", "public.legacy", 3, source.Truncate, 0))
+	require.ErrorIs(t, err, sink.ErrBadRecord)
+	require.ErrorContains(t, err, "holds rows without their tablet")
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM tf.public__legacy`).Scan(&n))
+	require.Equal(t, 1, n, "nothing removed")
 }

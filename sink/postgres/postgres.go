@@ -264,7 +264,7 @@ func check(r source.Record, tablet string) error {
 	switch {
 	case r.Tablet != tablet:
 		return fmt.Errorf("%w: a record of tablet %q written to %q", sink.ErrBadRecord, r.Tablet, tablet)
-	case r.Op != source.Insert && r.Op != source.Update && r.Op != source.Delete && r.Op != source.Read:
+	case r.Op != source.Insert && r.Op != source.Update && r.Op != source.Delete && r.Op != source.Read && r.Op != source.Truncate:
 		return fmt.Errorf("%w: op %q at %s", sink.ErrBadRecord, r.Op, r.Position)
 	case r.Position.IsZero():
 		return fmt.Errorf("%w: no position", sink.ErrBadRecord)

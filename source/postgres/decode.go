@@ -60,6 +60,9 @@ func newRelation(m *pglogrepl.RelationMessage) *relation {
 // the other columns).
 func record(rel *relation, op source.Op, oldType uint8, old, new *pglogrepl.TupleData) (source.Record, error) {
 	rec := source.Record{Table: rel.Namespace + "." + rel.RelationName, Op: op}
+	if op == source.Truncate { // the table only: no key, no rows
+		return rec, nil
+	}
 	var err error
 	keyOnly := oldType == pglogrepl.UpdateMessageTupleTypeKey // same byte as DeleteMessageTupleTypeKey
 	if old != nil {

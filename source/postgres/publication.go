@@ -10,8 +10,10 @@ import (
 )
 
 // publicationError: the stream's publication does not exist on a server,
-// or does not publish a table of source.tables or one of inserts, updates
-// and deletes. pgoutput then sends nothing of it (PostgreSQL 18 skips a
+// or does not publish a table of source.tables or one of inserts, updates,
+// deletes and truncates (a publication made before truncates were
+// followed lacks them: ALTER PUBLICATION … SET (publish = 'insert, update,
+// delete, truncate')). pgoutput then sends nothing of it (PostgreSQL 18 skips a
 // missing publication with a warning; 16 and 17 fail at the first change
 // with 42704), so a reader never starts on it: the stream would be
 // silently empty.
@@ -20,7 +22,7 @@ type publicationError struct {
 	alias   string
 	missing bool
 	tables  []string // configured tables it does not publish
-	actions []string // of inserts, updates, deletes, those it does not publish
+	actions []string // of inserts, updates, deletes, truncates, those it does not publish
 }
 
 func (e *publicationError) Error() string {
@@ -50,9 +52,9 @@ func (r *replica) publicationLacks(ctx context.Context, stream string, tables []
 		return nil, err
 	}
 	pub := PublicationName(stream)
-	var insert, update, del bool
+	var insert, update, del, truncate bool
 	var unpublished []string
-	err = pool.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete,
+	err = pool.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
 		ARRAY(SELECT t FROM unnest($2::text[]) t WHERE NOT (p.puballtables
 			OR EXISTS (SELECT FROM pg_publication_tables pt
 				WHERE pt.pubname = p.pubname AND pt.schemaname || '.' || pt.tablename = t)
@@ -61,7 +63,7 @@ func (r *replica) publicationLacks(ctx context.Context, stream string, tables []
 				WHERE pr.prpubid = p.oid AND n.nspname || '.' || c.relname = t)
 			OR EXISTS (SELECT FROM pg_publication_namespace pn JOIN pg_namespace n ON n.oid = pn.pnnspid
 				WHERE pn.pnpubid = p.oid AND n.nspname = split_part(t, '.', 1))))
-		FROM pg_publication p WHERE p.pubname = $1`, pub, tables).Scan(&insert, &update, &del, &unpublished)
+		FROM pg_publication p WHERE p.pubname = $1`, pub, tables).Scan(&insert, &update, &del, &truncate, &unpublished)
 	e := &publicationError{pub: pub, alias: r.cfg.Alias, tables: unpublished}
 	if errors.Is(err, pgx.ErrNoRows) {
 		e.missing = true
@@ -73,7 +75,7 @@ func (r *replica) publicationLacks(ctx context.Context, stream string, tables []
 	for _, a := range []struct {
 		on   bool
 		name string
-	}{{insert, "inserts"}, {update, "updates"}, {del, "deletes"}} {
+	}{{insert, "inserts"}, {update, "updates"}, {del, "deletes"}, {truncate, "truncates"}} {
 		if !a.on {
 			e.actions = append(e.actions, a.name)
 		}

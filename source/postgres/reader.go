@@ -513,6 +513,12 @@ func (r *Reader) decode(data []byte) error {
 		return r.add(m.RelationID, source.Update, m.OldTupleType, m.OldTuple, m.NewTuple)
 	case *pglogrepl.DeleteMessage:
 		return r.add(m.RelationID, source.Delete, m.OldTupleType, m.OldTuple, nil)
+	case *pglogrepl.TruncateMessage: // a record per table (CASCADE's too)
+		for _, rel := range m.RelationIDs {
+			if err := r.add(rel, source.Truncate, 0, nil, nil); err != nil {
+				return err
+			}
+		}
 	case *pglogrepl.CommitMessage:
 		if r.open == nil {
 			return fmt.Errorf("pgoutput: commit at %s without begin", m.TransactionEndLSN)
