@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 
 	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/sink/jsonl"
 	pgsink "github.com/tabletflow/tabletflow/sink/postgres"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
@@ -267,4 +272,63 @@ func TestPostgresSinkWithWrongCredentialsFailsTheTabletsWithTheReason(t *testing
 		require.Empty(t, tab.Excluded, "%s: no source replica blamed", tab.ID)
 	}
 	t.Logf("reason: %s", st.Tablets[0].Reason)
+}
+
+// A stream whose PostgreSQL sink accepts connections and never answers
+// (a black hole on loopback) does not stall another stream on the same
+// worker: the healthy stream commits on every tablet while the hung one's
+// tablets wait for their sink.
+func TestAHungSinkDoesNotStallAnotherStream(t *testing.T) {
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hole.Close() })
+	var held []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // accepted, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Setenv("TF_E2E_HUNG_SINK_DSN", "postgres://tabletflow@"+hole.Addr().String()+"/db?sslmode=disable")
+
+	const tablets = 8
+	e := newEnv(t, "--tablets", strconv.Itoa(tablets), "--rate", "200")
+	e.startWorker()
+	e.startStream("hung", e.config("", map[string]any{"sink": map[string]any{"kind": "postgres", "dsnEnv": "TF_E2E_HUNG_SINK_DSN"}}))
+	e.eventually("the hung stream's tablets wait for their sink", time.Minute, func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(held) > 0, fmt.Sprintf("%d connections to the black hole", len(held))
+	})
+
+	out := filepath.Join(e.dir, "healthy")
+	e.startStream("healthy", e.config(out, nil))
+	// Committed records, read from the sink itself: the stream's status
+	// counts a tablet's records only at its reports (every minute).
+	e.eventually("every tablet of the healthy stream commits", time.Minute, func() (bool, string) {
+		r, err := jsonl.DigestDir(out)
+		if err != nil {
+			return false, err.Error()
+		}
+		committed := 0
+		for _, d := range r.Tablets {
+			if d.Records > 0 {
+				committed++
+			}
+		}
+		return committed == tablets, fmt.Sprintf("%d of %d tablets committed", committed, tablets)
+	})
 }
