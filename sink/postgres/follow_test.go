@@ -382,21 +382,37 @@ func TestChangelogModeStoresATruncate(t *testing.T) {
 	require.Nil(t, got[1].After)
 }
 
-// A stream's publication that does not publish truncates (one made before
-// they were followed) would let a TRUNCATE pass unseen: a reader refuses
-// to start on it, the tablet Failed saying so.
-func TestAPublicationWithoutTruncatesFailsTheTablet(t *testing.T) {
+// A stream's publication made by a tabletflow from before truncates were
+// followed does not publish them: the reader makes it publish them and
+// starts, so a TRUNCATE from then on is delivered, not passed over, and
+// the stream is not failed by the upgrade.
+func TestAPublicationWithoutTruncatesIsMadeToPublishThem(t *testing.T) {
 	f := newFlow(t, `CREATE SCHEMA app; CREATE TABLE app.t (id int PRIMARY KEY); GRANT ALL ON SCHEMA app TO `+pgbed.User, []string{"app.t"},
 		pgsink.Config{Kind: "postgres", DSNEnv: "D", Mode: "apply", Schema: "tf"})
 	ctx := ctxFor(t, time.Minute)
-	require.NoError(t, f.db.Exec(ctx, `ALTER PUBLICATION `+pgsource.PublicationName(f.stream)+` SET (publish = 'insert, update, delete')`))
+	pub := pgsource.PublicationName(f.stream)
+	require.NoError(t, f.db.Exec(ctx, `ALTER PUBLICATION `+pub+` SET (publish = 'insert, update, delete')`))
 	rd, err := f.src.OpenReplica(ctx, source.Replica{Tablet: f.shard, Alias: "zone1-s1p"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = rd.(io.Closer).Close() })
-	_, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: f.stream, Tablet: f.shard, From: f.cp, MaxRecords: 10, MaxWait: time.Second})
-	require.Error(t, err)
-	require.Equal(t, source.Fatal, f.src.Classify(err).Action, "%v", err)
-	require.ErrorContains(t, err, "does not publish truncates")
+	_, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: f.stream, Tablet: f.shard, From: f.cp, MaxRecords: 10, MaxWait: 100 * time.Millisecond})
+	require.NoError(t, err)
+	var truncates bool
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT pubtruncate FROM pg_publication WHERE pubname = $1`, pub).Scan(&truncates))
+	require.True(t, truncates, "the publication publishes truncates after the reader started")
+
+	require.NoError(t, f.db.Exec(ctx, `INSERT INTO app.t VALUES (1); TRUNCATE app.t`))
+	var got []source.Record
+	from := f.cp
+	require.Eventually(t, func() bool {
+		b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: f.stream, Tablet: f.shard, From: from, MaxRecords: 10, MaxWait: 200 * time.Millisecond})
+		require.NoError(t, err)
+		got, from = append(got, b.Records...), b.Checkpoint
+		return len(got) >= 2
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, source.Insert, got[0].Op)
+	require.Equal(t, source.Truncate, got[1].Op)
+	require.Equal(t, "app.t", got[1].Table)
 }
 
 // A given table follows truncates when it has a tabletflow_tablet column,

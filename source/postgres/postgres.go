@@ -274,8 +274,8 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 		}
 		// TRUNCATE is published too: the reader delivers it as a record
 		// (op "truncate"), never ignored.
-		_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, update, delete, truncate')`,
-			pgx.Identifier{pub}.Sanitize(), strings.Join(tables, ", ")))
+		_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s')`,
+			pgx.Identifier{pub}.Sanitize(), strings.Join(tables, ", "), publishedOps))
 		if err != nil && !isCode(err, "42710") { // duplicate_object: a concurrent ensure
 			return streamMeta{}, fmt.Errorf("create publication on %s: %w", prim.cfg.Alias, err)
 		}

@@ -9,11 +9,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// publishedOps are what a stream's publication publishes.
+const publishedOps = "insert, update, delete, truncate"
+
 // publicationError: the stream's publication does not exist on a server,
 // or does not publish a table of source.tables or one of inserts, updates,
-// deletes and truncates (a publication made before truncates were
-// followed lacks them: ALTER PUBLICATION … SET (publish = 'insert, update,
-// delete, truncate')). pgoutput then sends nothing of it (PostgreSQL 18 skips a
+// deletes and truncates. pgoutput then sends nothing of it (PostgreSQL 18 skips a
 // missing publication with a warning; 16 and 17 fail at the first change
 // with 42704), so a reader never starts on it: the stream would be
 // silently empty.
@@ -93,6 +94,11 @@ func (r *replica) publicationLacks(ctx context.Context, stream string, tables []
 // the publication's latest change yet reads on; its slot decodes each
 // change with the catalog of its time). When the primary cannot be asked,
 // the error is the primary's (retried), not a verdict.
+//
+// A publication that lacks only truncates was made by a tabletflow from
+// before they were followed: it is made to publish them, on the primary,
+// and the reader starts. Truncates the log holds from before that change
+// were not published and are not delivered (docs/sources/postgres.md).
 func (r *Reader) checkPublication(ctx context.Context, stream string) error {
 	tables := r.src.cfg.Tables
 	lacks, err := r.rep.publicationLacks(ctx, stream, tables)
@@ -100,15 +106,37 @@ func (r *Reader) checkPublication(ctx context.Context, stream string) error {
 		return err
 	}
 	prim := r.src.primary(r.sh)
-	if r.rep == prim {
+	if r.rep != prim {
+		primLacks, err := prim.publicationLacks(ctx, stream, tables)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s; the primary could not be asked whether it does: %w", strings.TrimPrefix(lacks.Error(), errPublication.Error()+": "), err)
+		case primLacks == nil:
+			return nil
+		}
+		lacks = primLacks
+	}
+	if !lacks.onlyTruncates() {
 		return lacks
 	}
-	primLacks, err := prim.publicationLacks(ctx, stream, tables)
-	switch {
-	case err != nil:
-		return fmt.Errorf("%s; the primary could not be asked whether it does: %w", strings.TrimPrefix(lacks.Error(), errPublication.Error()+": "), err)
-	case primLacks != nil:
-		return primLacks
+	return prim.publishTruncates(ctx, stream)
+}
+
+// onlyTruncates: the publication exists and lacks nothing but truncates.
+func (e *publicationError) onlyTruncates() bool {
+	return !e.missing && len(e.tables) == 0 && len(e.actions) == 1 && e.actions[0] == "truncates"
+}
+
+// publishTruncates makes the stream's publication publish truncates too,
+// as EnsureStream makes it today.
+func (r *replica) publishTruncates(ctx context.Context, stream string) error {
+	pool, err := r.poolOf()
+	if err != nil {
+		return err
+	}
+	pub := PublicationName(stream)
+	if _, err := pool.Exec(ctx, `ALTER PUBLICATION `+pgx.Identifier{pub}.Sanitize()+` SET (publish = '`+publishedOps+`')`); err != nil {
+		return fmt.Errorf("make publication %s on %s publish truncates: %w", pub, r.cfg.Alias, err)
 	}
 	return nil
 }
