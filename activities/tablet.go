@@ -85,6 +85,10 @@ type GetChangesInput struct {
 	// excludes by itself (see GetChanges); the tablet workflow sets it
 	// from changeInPlaceReroute on.
 	Reroute *Reroute `json:"reroute,omitempty"`
+	// Recovering: the tablet's last run failed and it shows Retrying, so
+	// this run's first commit is news to it: the run signals Streaming
+	// then (SignalProgress), as a retry's first commit does.
+	Recovering bool `json:"recovering,omitempty"`
 }
 
 // Reroute is what GetChanges needs to pick another replica in place: the
@@ -200,6 +204,9 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	}
 	if err := r.startReading(); err != nil {
 		return r.res, err
+	}
+	if in.Recovering {
+		r.recovered = false // the first commit signals Streaming
 	}
 	err := r.loop()
 	return r.res, err

@@ -53,6 +53,9 @@ type outcome struct {
 	stopped   string
 	cancelled bool
 	split     *activities.SplitDetails
+	// committed: an OK run committed at least once (it read from its
+	// replica and wrote to the sink), which ends a tablet's Retrying.
+	committed bool
 }
 
 // decision is what the tablet does next.
@@ -71,11 +74,19 @@ type decision struct {
 	// byPolicy: the wait follows the stream's retry policy's intervals
 	// (the sink's trouble) rather than the tablet's own backoff.
 	byPolicy bool
+	// failed: the run ended in an error without the tablet's workflow
+	// ending; the tablet is Retrying until a run commits again
+	// (changeRetryingState).
+	failed bool
 	// done: the tablet workflow ends (state is terminal).
 	done bool
 }
 
 // decide returns what a run's outcome means for a tablet that ran on sel.
+// A run that failed and is tried again makes the tablet Retrying, with a
+// reason that says what the tablet does about it (the error itself is
+// the status's lastError): a tablet that cannot make progress never shows
+// Streaming.
 func decide(o outcome, sel activities.Selection) decision {
 	switch o.end {
 	case runOK:
@@ -87,27 +98,32 @@ func decide(o outcome, sel activities.Selection) decision {
 	case runFenced:
 		// Another writer committed to this tablet's sink: the next run
 		// reopens the sink at its stored checkpoint.
-		return decision{wait: true}
+		return decision{state: Retrying, reason: "another writer committed to the tablet's sink: the next run reopens it after a backoff",
+			wait: true, failed: true}
 	case runSinkUnavailable:
 		// The sink's trouble, not the replica's: nothing is excluded and
 		// the same replica is read again after the backoff.
 		// The wait follows the stream's retry policy, as a run's own
 		// retries do; its maximumAttempts does not apply: a sink coming
 		// back is waited for, never held against a replica.
-		return decision{state: Retrying, reason: "sink unavailable: " + o.message, wait: true, keepReplica: true, byPolicy: true}
+		return decision{state: Retrying, reason: "sink unavailable: " + o.message, wait: true, keepReplica: true, byPolicy: true, failed: true}
 	case runSinkFailed:
 		// No replica can help: the sink cannot take this tablet's data.
 		return decision{state: Failed, reason: prefixed("sink: ", o.message), done: true}
 	case runReplicaUnhealthy:
 		// The picker's health filter skips it: select again at once.
-		return decision{}
+		return decision{state: Retrying, reason: "the topology says the replica cannot serve: another is selected", failed: true}
 	case runRetryElsewhere:
 		// Another replica at once; the last eligible one is never
 		// excluded, it is retried with capped backoff.
-		if sel.Candidates > 1 {
-			return decision{exclude: o.reason}
+		why := o.reason
+		if why == "" {
+			why = "the replica cannot serve the checkpoint"
 		}
-		return decision{wait: true}
+		if sel.Candidates > 1 {
+			return decision{state: Retrying, reason: why + ": the replica is excluded and another is selected", exclude: o.reason, failed: true}
+		}
+		return decision{state: Retrying, reason: why + " on the tablet's last eligible replica: it is retried with backoff", wait: true, failed: true}
 	case runSplit:
 		return decision{state: Split, reason: fmt.Sprintf("split into %v at %s", o.split.Children, o.split.Handoff), done: true}
 	case runExpired:
@@ -118,13 +134,27 @@ func decide(o outcome, sel activities.Selection) decision {
 		// A replica the topology calls healthy failed maximumAttempts
 		// times: excluded for a while (unless it is the last one), and the
 		// tablet selects again after a backoff.
-		d := decision{wait: true}
+		d := decision{state: Retrying, reason: "retry.maximumAttempts spent on the tablet's last eligible replica: it is retried with backoff",
+			wait: true, failed: true}
 		if sel.Candidates > 1 {
 			d.exclude = "RETRIES_EXHAUSTED"
+			d.reason = "retry.maximumAttempts spent on the replica: it is excluded and another is selected after a backoff"
 		}
 		return d
 	}
-	return decision{wait: true}
+	return decision{state: Retrying, reason: "the run failed: it is run again after a backoff", wait: true, failed: true}
+}
+
+// beforeRetryingState is d as decide made it before changeRetryingState:
+// a failed run that the tablet tries again changed no state (but for the
+// sink's trouble, which was Retrying already), and the next run's start
+// said Streaming.
+func (d decision) beforeRetryingState() decision {
+	if d.failed && !d.byPolicy {
+		d.state, d.reason = "", ""
+	}
+	d.failed = false
+	return d
 }
 
 // runOutcome reads how a GetChanges run ended from its result and error:
@@ -132,7 +162,7 @@ func decide(o outcome, sel activities.Selection) decision {
 // withContext picks how an error becomes the message (errorMessage).
 func runOutcome(res activities.GetChangesResult, runErr error, cancelled, withContext bool) outcome {
 	if runErr == nil || (cancelled && temporal.IsCanceledError(runErr)) {
-		return outcome{end: runOK, checkpoint: res.Checkpoint, stopped: res.Stopped, cancelled: cancelled}
+		return outcome{end: runOK, checkpoint: res.Checkpoint, stopped: res.Stopped, cancelled: cancelled, committed: res.Batches > 0}
 	}
 	var d activities.ErrorDetails
 	details(runErr, &d)

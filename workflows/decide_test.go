@@ -40,25 +40,29 @@ func TestDecideWhatARunsEndMeansForTheTablet(t *testing.T) {
 		// Stopped because the operator excluded the replica.
 		{"replica excluded", outcome{end: runOK, stopped: "replica excluded: maintenance"}, three,
 			decision{resetBackoff: true}},
-		// Another writer committed: back off, reopen the sink.
-		{"fenced", outcome{end: runFenced}, three, decision{wait: true}},
+		// Another writer committed: back off, reopen the sink; Retrying
+		// meanwhile.
+		{"fenced", outcome{end: runFenced}, three, decision{state: Retrying,
+			reason: "another writer committed to the tablet's sink: the next run reopens it after a backoff", wait: true, failed: true}},
 		// The sink's trouble is never the replica's: same replica, no
 		// exclusion, a backoff by the stream's retry policy.
 		{"sink unavailable", outcome{end: runSinkUnavailable, message: "tablet is locked"}, three,
-			decision{state: Retrying, reason: "sink unavailable: tablet is locked", wait: true, keepReplica: true, byPolicy: true}},
+			decision{state: Retrying, reason: "sink unavailable: tablet is locked", wait: true, keepReplica: true, byPolicy: true, failed: true}},
 		// A sink that cannot take the data fails the tablet whatever the
 		// replica: a poison record does not walk the replicas.
 		{"sink failed", outcome{end: runSinkFailed, message: "jsonl: bad record"}, three,
 			decision{state: Failed, reason: "sink: jsonl: bad record", done: true}},
 		// The topology says the replica is down: re-select at once, no
 		// exclusion (the picker's health filter skips it).
-		{"replica unhealthy", outcome{end: runReplicaUnhealthy}, three, decision{}},
+		{"replica unhealthy", outcome{end: runReplicaUnhealthy}, three,
+			decision{state: Retrying, reason: "the topology says the replica cannot serve: another is selected", failed: true}},
 		// POSITION_MISMATCH: exclude it, another replica at once.
 		{"retry elsewhere", outcome{end: runRetryElsewhere, reason: "POSITION_MISMATCH"}, three,
-			decision{exclude: "POSITION_MISMATCH"}},
-		// ...unless it is the last eligible one: never excluded, backoff.
+			decision{state: Retrying, reason: "POSITION_MISMATCH: the replica is excluded and another is selected", exclude: "POSITION_MISMATCH", failed: true}},
+		// ...unless it is the last eligible one: never excluded, backoff,
+		// and Retrying, never Streaming, while it cannot serve.
 		{"retry elsewhere on the last replica", outcome{end: runRetryElsewhere, reason: "POSITION_MISMATCH"}, last,
-			decision{wait: true}},
+			decision{state: Retrying, reason: "POSITION_MISMATCH on the tablet's last eligible replica: it is retried with backoff", wait: true, failed: true}},
 		{"split", outcome{end: runSplit, split: split}, three,
 			decision{state: Split, reason: "split into [t-0002 t-0003] at 1.40", done: true}},
 		{"expired", outcome{end: runExpired, message: "history gone"}, three,
@@ -68,15 +72,48 @@ func TestDecideWhatARunsEndMeansForTheTablet(t *testing.T) {
 		// A healthy-looking replica that failed maximumAttempts times is
 		// excluded for a while; the tablet selects again after a backoff.
 		{"retries exhausted", outcome{end: runRetriesExhausted}, three,
-			decision{exclude: "RETRIES_EXHAUSTED", wait: true}},
+			decision{state: Retrying, reason: "retry.maximumAttempts spent on the replica: it is excluded and another is selected after a backoff",
+				exclude: "RETRIES_EXHAUSTED", wait: true, failed: true}},
 		{"retries exhausted on the last replica", outcome{end: runRetriesExhausted}, last,
-			decision{wait: true}},
+			decision{state: Retrying, reason: "retry.maximumAttempts spent on the tablet's last eligible replica: it is retried with backoff", wait: true, failed: true}},
 		// Anything else: back off and run again.
-		{"transient", outcome{end: runTransient}, three, decision{wait: true}},
+		{"transient", outcome{end: runTransient}, three,
+			decision{state: Retrying, reason: "the run failed: it is run again after a backoff", wait: true, failed: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			require.Equal(t, tt.want, decide(tt.o, tt.sel))
+		})
+	}
+}
+
+// A tablet from before changeRetryingState carries out the decisions it
+// was recorded with: a failed run that is tried again changes no state,
+// but for the sink's trouble.
+func TestDecisionsBeforeRetryingStateAreTheOldOnes(t *testing.T) {
+	three := activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 3}
+	last := activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 1}
+	tests := []struct {
+		name string
+		o    outcome
+		sel  activities.Selection
+		want decision
+	}{
+		{"fenced", outcome{end: runFenced}, three, decision{wait: true}},
+		{"sink unavailable", outcome{end: runSinkUnavailable, message: "tablet is locked"}, three,
+			decision{state: Retrying, reason: "sink unavailable: tablet is locked", wait: true, keepReplica: true, byPolicy: true}},
+		{"replica unhealthy", outcome{end: runReplicaUnhealthy}, three, decision{}},
+		{"retry elsewhere", outcome{end: runRetryElsewhere, reason: "POSITION_MISMATCH"}, three, decision{exclude: "POSITION_MISMATCH"}},
+		{"retry elsewhere on the last replica", outcome{end: runRetryElsewhere, reason: "POSITION_MISMATCH"}, last, decision{wait: true}},
+		{"retries exhausted", outcome{end: runRetriesExhausted}, three, decision{exclude: "RETRIES_EXHAUSTED", wait: true}},
+		{"retries exhausted on the last replica", outcome{end: runRetriesExhausted}, last, decision{wait: true}},
+		{"transient", outcome{end: runTransient}, three, decision{wait: true}},
+		{"run ended", outcome{end: runOK, stopped: activities.StoppedRunEnded}, three, decision{resetBackoff: true, keepReplica: true}},
+		{"fatal", outcome{end: runFatal, message: "permission denied"}, three, decision{state: Failed, reason: "permission denied", done: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, decide(tt.o, tt.sel).beforeRetryingState())
 		})
 	}
 }

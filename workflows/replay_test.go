@@ -87,6 +87,10 @@ var recorded = map[string]recording{
 	// excludes), then stopped (from
 	// e2e.TestPositionMismatchMovesTheTabletToAnotherReplica).
 	"tablet-mismatch-in-place.json": {"mismatch/tablet/t-0001", "22dc7eb0f8e70f66d1aa8d727621c8f3bec27cf630cf55580414b7a4455633ca"},
+	// changeRetryingState: a single-replica tablet whose first runs ended
+	// with POSITION_MISMATCH, Retrying until a run committed, then stopped
+	// (from TestRecordScriptedHistories).
+	"tablet-retrying-state-stopped.json": {"retrying/tablet/t-0001", "88914f0f6144cc2a0b0359ae0efd1067c0b9df651c0b98b3f7bc3b5f2afe7238"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

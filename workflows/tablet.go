@@ -117,6 +117,9 @@ type tablet struct {
 	// run waits to continue as new applied, errors with their context
 	// (changeSignalHandling).
 	signalHandling bool
+	// retrying: a failed run makes the tablet Retrying until a run
+	// commits (changeRetryingState); nil until asked (retryingState).
+	retrying *bool
 	// progress: the activity's own signals; commands: the stream's.
 	progress workflow.ReceiveChannel
 	commands workflow.ReceiveChannel

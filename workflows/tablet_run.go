@@ -62,10 +62,25 @@ func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, erro
 // reacts to how it ended. done means the tablet workflow is finished.
 func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (done bool, err error) {
 	cfg := t.in.Config
-	t.st.Status.Attempt = 1
-	t.st.Status.LastError = ""
-	if err := t.setState(ctx, Streaming, sel.Replica.Alias, ""); err != nil {
-		return false, err
+	if t.st.Failing > 0 {
+		// The last run failed (changeRetryingState): this one is no proof
+		// of progress until it commits, which its first commit's signal
+		// (in.Recovering) or its result says. Until then the tablet stays
+		// Retrying, its attempt counting on and its last error kept.
+		t.st.Status.Attempt = t.st.Failing + 1
+		reason := t.st.Status.Reason
+		if t.st.Status.State != Retrying {
+			reason = "the last run failed: this one has not committed yet"
+		}
+		if err := t.setState(ctx, Retrying, sel.Replica.Alias, reason); err != nil {
+			return false, err
+		}
+	} else {
+		t.st.Status.Attempt = 1
+		t.st.Status.LastError = ""
+		if err := t.setState(ctx, Streaming, sel.Replica.Alias, ""); err != nil {
+			return false, err
+		}
 	}
 	var a *activities.Activities
 	runCtx, cancel := workflow.WithCancel(ctx)
@@ -86,7 +101,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	in := activities.GetChangesInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
 		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Start: t.in.Start, Batch: cfg.Batch, RunFor: runFor(cfg.Run.Duration, sel),
-		Retention: t.in.Retention,
+		Retention: t.in.Retention, Recovering: t.st.Failing > 0,
 	}
 	if t.reroute {
 		// The run itself bounds its time on a fallback (see
@@ -133,13 +148,25 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 			} else {
 				moved(p.Switched)
 			}
-			t.st.Status.Attempt = p.Attempt
-			state := Streaming
-			if p.State == string(Retrying) {
+			state, reason := Streaming, ""
+			switch {
+			case p.State == string(Retrying):
 				state = Retrying
 				t.st.Status.LastError = clip(p.LastError)
+			case t.st.Failing > 0 && p.Switched != nil:
+				// Moved in place during a run after a failed one: still
+				// no commit (changeRetryingState).
+				state = Retrying
+			default:
+				// Streaming: a retry's, or a recovering run's, first
+				// commit (changeRetryingState).
+				t.st.Failing = 0
 			}
-			err = t.setState(ctx, state, p.Replica, "")
+			if state == Retrying && t.st.Failing > 0 {
+				reason = t.st.Status.Reason
+			}
+			t.st.Status.Attempt = t.st.Failing + p.Attempt
+			err = t.setState(ctx, state, p.Replica, reason)
 		})
 		s.AddReceive(t.commands, func(c workflow.ReceiveChannel, _ bool) {
 			var cmd TabletCommand
@@ -178,6 +205,11 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 
 // apply carries out the decision core's decision on a run's outcome.
 func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome, d decision) (done bool, err error) {
+	if d.failed && (!t.retryingState(ctx) || ctx.Err() != nil) {
+		// A tablet from before changeRetryingState; or the tablet
+		// workflow itself is cancelled, which is what ended the run.
+		d = d.beforeRetryingState()
+	}
 	if !d.keepReplica {
 		t.current = nil
 	}
@@ -186,6 +218,9 @@ func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome
 		t.backoff = 0
 	}
 	if o.end == runOK {
+		if o.committed {
+			t.st.Failing = 0
+		}
 		return false, t.report(ctx, false)
 	}
 	t.st.Status.LastError = o.message
@@ -198,6 +233,11 @@ func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome
 		if err := t.setState(ctx, d.state, sel.Replica.Alias, d.reason); err != nil || d.done {
 			return d.done, err
 		}
+	}
+	if d.failed {
+		// Every attempt since the last commit failed: the next run's
+		// attempt counts on from here.
+		t.st.Failing = max(t.st.Status.Attempt, 1)
 	}
 	if d.exclude != "" {
 		t.exclude(ctx, sel.Replica.Alias, d.exclude, workflow.Now(ctx))
@@ -240,4 +280,15 @@ func runFor(d config.Duration, sel activities.Selection) config.Duration {
 		return config.Duration(activities.FallbackRun)
 	}
 	return d
+}
+
+// retryingState reports whether the tablet shows a failed run as
+// Retrying until a run commits (changeRetryingState). Asked for at the
+// first failed run only: a tablet that never fails records no marker.
+func (t *tablet) retryingState(ctx workflow.Context) bool {
+	if t.retrying == nil {
+		v := workflow.GetVersion(ctx, changeRetryingState, workflow.DefaultVersion, 1) >= 1
+		t.retrying = &v
+	}
+	return *t.retrying
 }

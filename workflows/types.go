@@ -184,6 +184,10 @@ type TabletState struct {
 	// Resend: a report was lost (not because the stream is gone); the
 	// next run sends the status at its start.
 	Resend bool `json:"resend,omitempty"`
+	// Failing counts the GetChanges attempts that failed since the
+	// tablet's last commit (changeRetryingState): while it is above 0 the
+	// tablet is Retrying, and a new run's attempt counts on from it.
+	Failing int32 `json:"failing,omitempty"`
 }
 
 // TabletWorkflowID is a tablet's workflow ID.

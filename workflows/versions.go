@@ -121,4 +121,17 @@ const (
 	// to changeTabletBaseline, whose shape it runs (a tablet change after
 	// this one is asked for as usual).
 	changeFirstPicks = "first-picks"
+
+	// changeRetryingState: a tablet run that fails and is tried again
+	// (fenced, retry elsewhere, the replica unhealthy, retries
+	// exhausted, any other error) makes the tablet Retrying at once, with
+	// a reason saying what it does about it and the error as lastError;
+	// the next run's start keeps it Retrying, its attempt counting on
+	// across runs (TabletState.Failing), until the run commits: its
+	// first commit's progress signal (GetChangesInput.Recovering) or its
+	// result. Before, every run's start said Streaming and a failure on
+	// the last eligible replica changed no state, so a tablet that could
+	// not make progress showed Streaming until its retention ran out.
+	// Asked for at a tablet run's first failed GetChanges only.
+	changeRetryingState = "retrying-state"
 )

@@ -1,0 +1,246 @@
+package workflows_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/enums/v1"
+	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/worker"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/tabletflow/tabletflow/activities"
+	_ "github.com/tabletflow/tabletflow/adapters"
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/temporalclient"
+	"github.com/tabletflow/tabletflow/testbed"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+// TestRecordScriptedHistories records replay histories of workflow
+// shapes that need a sequence of errors no e2e test produces: the
+// workflows run on a Temporal dev server, their activities scripted.
+// It runs only with TABLETFLOW_RECORD_HISTORIES set to a directory,
+// which it writes the histories into (copy a new one into testdata and
+// list it in replay_test.go's recorded), and the Temporal CLI in
+// bin/temporal (or TEMPORAL_CLI).
+func TestRecordScriptedHistories(t *testing.T) {
+	dir := os.Getenv("TABLETFLOW_RECORD_HISTORIES")
+	if dir == "" {
+		t.Skip("TABLETFLOW_RECORD_HISTORIES is not set")
+	}
+	cli := os.Getenv("TEMPORAL_CLI")
+	if cli == "" {
+		cli = "../bin/temporal"
+	}
+	srv, err := testbed.StartDevServer(cli, t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(srv.Stop)
+	c, err := client.Dial(client.Options{HostPort: srv.Addr, Logger: temporalclient.Quiet{}})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+
+	const queue = "record"
+	f := &scripted{c: c, runs: map[string]int{}}
+	w := worker.New(c, queue, worker.Options{})
+	w.RegisterWorkflow(workflows.StreamWorkflow)
+	w.RegisterWorkflow(workflows.TabletWorkflow)
+	for name, fn := range map[string]any{
+		"EnsureStream": f.EnsureStream, "ReadTopology": f.ReadTopology, "ReadTopologyAndPick": f.ReadTopologyAndPick,
+		"CheckTablets": f.CheckTablets, "SelectReplica": f.SelectReplica, "GetChanges": f.GetChanges, "DeleteStream": f.DeleteStream,
+	} {
+		w.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
+	}
+	require.NoError(t, w.Start())
+	t.Cleanup(w.Stop)
+	r := &recorder{t: t, c: c, dir: dir, queue: queue}
+
+	// changeRetryingState: a single-replica tablet whose first runs end
+	// with POSITION_MISMATCH is Retrying, and Streaming again once a run
+	// commits; then the stream stops.
+	t.Run("retrying-state", func(t *testing.T) {
+		const stream = "retrying"
+		tab := workflows.TabletWorkflowID(stream, "t-0001")
+		r.start(stream)
+		r.waitTablet(tab, "Retrying after a failed run", func(st workflows.TabletStatus) bool {
+			return st.State == workflows.Retrying && st.Attempt > 1
+		})
+		r.waitTablet(tab, "Streaming once a run committed", func(st workflows.TabletStatus) bool {
+			return st.State == workflows.Streaming && st.Records > 0
+		})
+		r.stop(stream)
+		r.record(tab, "tablet-retrying-state-stopped")
+	})
+
+}
+
+// recorder starts streams on the dev server and records their histories.
+type recorder struct {
+	t     *testing.T
+	c     client.Client
+	dir   string
+	queue string
+}
+
+// recordConfig is the config of every recorded stream: the scripted
+// activities ignore the source and the sink.
+const recordConfig = `{
+  "source": {"kind": "tabletd", "address": "127.0.0.1:15991", "keyspace": "commerce"},
+  "sink": {"kind": "jsonl", "path": "/tmp/out"},
+  "run": {"duration": "2s", "heartbeatTimeout": "2s"},
+  "batch": {"maxWait": "1s"},
+  "retry": {"initialInterval": "200ms", "maximumInterval": "1s", "maximumAttempts": 3}
+}`
+
+func (r *recorder) start(stream string) {
+	r.t.Helper()
+	_, err := r.c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: stream, TaskQueue: r.queue},
+		workflows.StreamWorkflow, json.RawMessage(recordConfig), (*workflows.StreamState)(nil))
+	require.NoError(r.t, err)
+}
+
+// waitTablet polls a tablet's status query until cond holds, for up to a
+// minute.
+func (r *recorder) waitTablet(id, what string, cond func(workflows.TabletStatus) bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	var last workflows.TabletStatus
+	for {
+		v, err := r.c.QueryWorkflow(context.Background(), id, "", workflows.QueryStatus)
+		if err == nil && v.Get(&last) == nil && cond(last) {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: %s not within a minute; last saw %+v (%v)", id, what, last, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stop stops a stream and waits for it to complete.
+func (r *recorder) stop(stream string) {
+	r.t.Helper()
+	require.NoError(r.t, r.c.SignalWorkflow(context.Background(), stream, "", workflows.CmdStop, json.RawMessage(`{}`)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(r.t, r.c.GetWorkflow(ctx, stream, "").Get(ctx, nil))
+}
+
+// record writes a workflow's history (its last run) as name.json, in
+// the format of `temporal workflow show -o json`.
+func (r *recorder) record(id, name string) {
+	r.t.Helper()
+	it := r.c.GetWorkflowHistory(context.Background(), id, "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	h := &historypb.History{}
+	for it.HasNext() {
+		ev, err := it.Next()
+		require.NoError(r.t, err)
+		h.Events = append(h.Events, ev)
+	}
+	b, err := protojson.MarshalOptions{Indent: "  "}.Marshal(h)
+	require.NoError(r.t, err)
+	require.NoError(r.t, os.WriteFile(filepath.Join(r.dir, name+".json"), b, 0o644))
+}
+
+// scripted are the activities of recorded streams: one tablet, t-0001,
+// on one replica; GetChanges fails its first runs of stream "retrying"
+// with POSITION_MISMATCH and otherwise reads until its run is up or it
+// is cancelled.
+type scripted struct {
+	c    client.Client
+	mu   sync.Mutex
+	runs map[string]int // GetChanges runs by tablet workflow ID
+}
+
+const recordAlias = "zone1-0000000101"
+
+func recordReplica() source.Replica {
+	return source.Replica{Tablet: "t-0001", Alias: recordAlias, Cell: "zone1", Type: source.TypeReplica, Serving: true, Healthy: true}
+}
+
+func recordTopology() activities.Topology {
+	return activities.TopologyOf([]source.Tablet{{ID: "t-0001", Replicas: []source.Replica{recordReplica()}}})
+}
+
+func (f *scripted) EnsureStream(_ context.Context, in activities.EnsureStreamInput) (source.Stream, error) {
+	return source.Stream{ID: in.Stream}, nil
+}
+
+func (f *scripted) ReadTopology(context.Context, config.Source) (activities.Topology, error) {
+	return recordTopology(), nil
+}
+
+func (f *scripted) ReadTopologyAndPick(_ context.Context, in activities.PickInput) (activities.Topology, error) {
+	topo := recordTopology()
+	topo.Picks = map[string]activities.Selection{}
+	if _, excluded := in.Operator.Excludes(recordAlias, "t-0001", time.Now()); !excluded {
+		topo.Picks["t-0001"] = activities.Selection{Replica: recordReplica(), Candidates: 1}
+	}
+	return topo, nil
+}
+
+func (f *scripted) CheckTablets(context.Context, activities.CheckTabletsInput) ([]activities.ClosedTablet, error) {
+	return nil, nil
+}
+
+func (f *scripted) SelectReplica(_ context.Context, in activities.SelectReplicaInput) (activities.Selection, error) {
+	if _, excluded := append(in.Exclude, in.Operator...).Excludes(recordAlias, in.Tablet, time.Now()); excluded {
+		return activities.Selection{}, temporal.NewNonRetryableApplicationError(recordAlias+": excluded", activities.ErrNoEligibleReplica, nil)
+	}
+	return activities.Selection{Replica: recordReplica(), Candidates: 1}, nil
+}
+
+func (f *scripted) DeleteStream(context.Context, activities.DeleteStreamInput) error { return nil }
+
+func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
+	info := activity.GetInfo(ctx)
+	f.mu.Lock()
+	f.runs[info.WorkflowExecution.ID]++
+	n := f.runs[info.WorkflowExecution.ID]
+	f.mu.Unlock()
+	if in.Stream == "retrying" && n <= 3 {
+		return activities.GetChangesResult{Checkpoint: in.Checkpoint}, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("position %s is not held by this replica", in.Checkpoint), activities.ErrRetryElsewhere, nil,
+			activities.ErrorDetails{Reason: "POSITION_MISMATCH", Replica: in.Replica.Alias, Checkpoint: in.Checkpoint})
+	}
+	res := activities.GetChangesResult{Checkpoint: source.Checkpoint{Term: 1, Index: in.Checkpoint.Index + 10}, Records: 10, Batches: 1, CaughtUp: true}
+	if in.Recovering {
+		// The first commit of a run after a failed one, as GetChanges
+		// signals it.
+		if err := f.c.SignalWorkflow(ctx, info.WorkflowExecution.ID, "", activities.SignalProgress,
+			activities.Progress{State: "Streaming", Attempt: info.Attempt, Replica: in.Replica.Alias}); err != nil {
+			return activities.GetChangesResult{}, err
+		}
+	}
+	end := time.NewTimer(in.RunFor.D())
+	defer end.Stop()
+	beat := time.NewTicker(200 * time.Millisecond)
+	defer beat.Stop()
+	for {
+		activity.RecordHeartbeat(ctx, activities.Heartbeat{Checkpoint: res.Checkpoint, Records: res.Records, Batches: res.Batches})
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				res.Stopped = "cancelled"
+				return res, nil
+			}
+			return res, ctx.Err()
+		case <-end.C:
+			res.Stopped = activities.StoppedRunEnded
+			return res, nil
+		case <-beat.C:
+		}
+	}
+}
