@@ -94,8 +94,13 @@ func truncate(s string, n int) string {
 }
 
 // onSignal carries out a signalled command; a bad payload is rejected:
-// logged and shown in the status, never a failed workflow.
+// logged and shown in the status, never a failed workflow. A payload over
+// maxUpdateBytes is rejected as an update's is (changeBoundedCommands).
 func (s *stream) onSignal(ctx workflow.Context, name string, raw json.RawMessage) {
+	if len(raw) > maxUpdateBytes && s.boundedCommands(ctx) {
+		s.reject(ctx, name, fmt.Sprintf("payload: %d bytes, at most %d", len(raw), maxUpdateBytes))
+		return
+	}
 	if err := operatorCommands[name](s, ctx, raw, false); err != nil {
 		s.reject(ctx, name, err.Error())
 		return
@@ -133,6 +138,7 @@ func (s *stream) exclude(ctx workflow.Context, raw json.RawMessage, apply bool) 
 	if reason == "" {
 		reason = "excluded by the operator"
 	}
+	req.Aliases = unique(req.Aliases)
 	expires := expiry(workflow.Now(ctx), req.TTL)
 	for _, alias := range req.Aliases {
 		s.st.Exclude = s.st.Exclude.Add(config.Exclusion{Alias: alias, Tablet: req.Tablet, Reason: reason, TTL: req.TTL, Expires: expires})
@@ -155,18 +161,38 @@ func (s *stream) include(ctx workflow.Context, raw json.RawMessage, apply bool) 
 	if !apply {
 		return nil
 	}
-	s.st.Exclude = s.st.Exclude.Remove(req.Aliases...)
+	aliases := unique(req.Aliases)
+	lifted := slices.DeleteFunc(slices.Clone(s.st.Exclude), func(e config.Exclusion) bool { return !slices.Contains(aliases, e.Alias) })
+	s.st.Exclude = s.st.Exclude.Remove(aliases...)
 	s.publishExclusions(ctx)
 	// Tablets holding automatic entries for the aliases drop them; tablets
-	// waiting for an eligible replica look again.
+	// waiting for an eligible replica look again. Each is told only the
+	// aliases that concern it: its own entries, and the operator's it
+	// lifts that applied to it (which the tablet's start-time copy of the
+	// operator list may hold), not the request's whole list once per
+	// tablet.
 	var ids []string
+	concern := map[string][]string{}
 	for _, id := range s.tabletIDs() {
 		t := s.st.Tablets[id]
-		if t.State == NoEligibleReplica || slices.ContainsFunc(t.Excluded, func(e config.Exclusion) bool { return slices.Contains(req.Aliases, e.Alias) }) {
-			ids = append(ids, id)
+		var mine []string
+		for _, e := range t.Excluded {
+			if slices.Contains(aliases, e.Alias) {
+				mine = append(mine, e.Alias)
+			}
 		}
+		if t.State != NoEligibleReplica && len(mine) == 0 {
+			continue
+		}
+		for _, e := range lifted {
+			if e.Tablet == "" || e.Tablet == id {
+				mine = append(mine, e.Alias)
+			}
+		}
+		slices.Sort(mine)
+		ids, concern[id] = append(ids, id), slices.Compact(mine)
 	}
-	s.tell(ctx, ids, TabletCommand{Kind: CmdInclude, Aliases: req.Aliases})
+	s.tellEach(ctx, ids, func(id string) TabletCommand { return TabletCommand{Kind: CmdInclude, Aliases: concern[id]} })
 	return nil
 }
 
@@ -182,7 +208,7 @@ func pauseResume(kind string) operatorCommand {
 		if !apply {
 			return nil
 		}
-		ids := req.Tablets
+		ids := s.named(ctx, req.Tablets)
 		if len(ids) == 0 {
 			ids = s.live()
 		}
@@ -210,7 +236,7 @@ func (s *stream) retry(ctx workflow.Context, raw json.RawMessage, apply bool) er
 	if !apply {
 		return nil
 	}
-	ids := req.Tablets
+	ids := s.named(ctx, req.Tablets)
 	if len(ids) == 0 {
 		for _, id := range s.tabletIDs() {
 			if s.st.Tablets[id].State == Failed {
@@ -324,6 +350,11 @@ const fanOutWave = 500
 // closed is skipped (its last report says why, or the stream's reconcile
 // restarts it with the operator's intents).
 func (s *stream) tell(ctx workflow.Context, ids []string, cmd TabletCommand) {
+	s.tellEach(ctx, ids, func(string) TabletCommand { return cmd })
+}
+
+// tellEach is tell with each tablet's own command, cmdOf(id).
+func (s *stream) tellEach(ctx workflow.Context, ids []string, cmdOf func(id string) TabletCommand) {
 	wave := len(ids)
 	if s.durable() {
 		wave = fanOutWave
@@ -332,11 +363,11 @@ func (s *stream) tell(ctx workflow.Context, ids []string, cmd TabletCommand) {
 		n := min(wave, len(ids))
 		futs := make([]workflow.Future, 0, n)
 		for _, id := range ids[:n] {
-			futs = append(futs, workflow.SignalExternalWorkflow(ctx, TabletWorkflowID(s.id, id), "", SignalTabletCommand, cmd))
+			futs = append(futs, workflow.SignalExternalWorkflow(ctx, TabletWorkflowID(s.id, id), "", SignalTabletCommand, cmdOf(id)))
 		}
 		for i, f := range futs {
 			if err := f.Get(ctx, nil); err != nil {
-				s.log.Warn("tablet command not delivered", "tablet", ids[i], "command", cmd.Kind, "error", err)
+				s.log.Warn("tablet command not delivered", "tablet", ids[i], "command", cmdOf(ids[i]).Kind, "error", err)
 			}
 		}
 		ids = ids[n:]
@@ -369,4 +400,41 @@ func (s *stream) onExpiry(ctx workflow.Context) {
 		}
 	}
 	s.tell(ctx, waiting, TabletCommand{Kind: CmdRecheck})
+}
+
+// unique returns list without its repeats, in the order of their first
+// appearance.
+func unique(list []string) []string {
+	seen := make(map[string]bool, len(list))
+	out := make([]string, 0, len(list))
+	for _, v := range list {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// named is a command's list of tablets without its repeats
+// (changeBoundedCommands): a tablet named twice is told, or restarted,
+// once. Before that change each name was carried out: a pause naming one
+// tablet 30,000 times signalled it 30,000 times.
+func (s *stream) named(ctx workflow.Context, ids []string) []string {
+	if u := unique(ids); len(u) < len(ids) && s.boundedCommands(ctx) {
+		return u
+	}
+	return ids
+}
+
+// boundedCommands reports whether the stream bounds what one command can
+// cost it (changeBoundedCommands). Asked for only by a command that the
+// change treats otherwise: one naming a tablet twice, or a signal over
+// maxUpdateBytes.
+func (s *stream) boundedCommands(ctx workflow.Context) bool {
+	if s.bounded == nil {
+		v := workflow.GetVersion(ctx, changeBoundedCommands, workflow.DefaultVersion, 1) >= 1
+		s.bounded = &v
+	}
+	return *s.bounded
 }

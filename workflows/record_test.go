@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -84,6 +85,24 @@ func TestRecordScriptedHistories(t *testing.T) {
 		r.record(tab, "tablet-retrying-state-stopped")
 	})
 
+	// changeBoundedCommands: a pause and a resume naming the tablet twice
+	// tell it once each; a resume signal over the bound is rejected;
+	// then the stream stops.
+	t.Run("bounded-commands", func(t *testing.T) {
+		const stream = "bounded"
+		tab := workflows.TabletWorkflowID(stream, "t-0001")
+		r.start(stream)
+		r.waitTablet(tab, "Streaming", func(st workflows.TabletStatus) bool { return st.State == workflows.Streaming })
+		r.signal(stream, workflows.CmdPause, `{"tablets": ["t-0001", "t-0001"]}`)
+		r.waitTablet(tab, "Paused", func(st workflows.TabletStatus) bool { return st.State == workflows.Paused })
+		r.signal(stream, workflows.CmdResume, `{"tablets": [`+strings.Repeat(`"t-0001", `, 2000)+`"t-0001"]}`)
+		r.waitStream(stream, "the oversized resume rejected", func(st workflows.StreamStatus) bool { return len(st.Rejected) == 1 })
+		r.signal(stream, workflows.CmdResume, `{"tablets": ["t-0001", "t-0001"]}`)
+		r.waitTablet(tab, "Streaming again", func(st workflows.TabletStatus) bool { return st.State == workflows.Streaming })
+		r.stop(stream)
+		r.record(stream, "stream-bounded-commands-stopped")
+	})
+
 }
 
 // recorder starts streams on the dev server and records their histories.
@@ -117,6 +136,29 @@ func (r *recorder) waitTablet(id, what string, cond func(workflows.TabletStatus)
 	r.t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	var last workflows.TabletStatus
+	for {
+		v, err := r.c.QueryWorkflow(context.Background(), id, "", workflows.QueryStatus)
+		if err == nil && v.Get(&last) == nil && cond(last) {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: %s not within a minute; last saw %+v (%v)", id, what, last, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (r *recorder) signal(stream, name, payload string) {
+	r.t.Helper()
+	require.NoError(r.t, r.c.SignalWorkflow(context.Background(), stream, "", name, json.RawMessage(payload)))
+}
+
+// waitStream polls a stream's status query until cond holds, for up to a
+// minute.
+func (r *recorder) waitStream(id, what string, cond func(workflows.StreamStatus) bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	var last workflows.StreamStatus
 	for {
 		v, err := r.c.QueryWorkflow(context.Background(), id, "", workflows.QueryStatus)
 		if err == nil && v.Get(&last) == nil && cond(last) {

@@ -91,6 +91,10 @@ var recorded = map[string]recording{
 	// with POSITION_MISMATCH, Retrying until a run committed, then stopped
 	// (from TestRecordScriptedHistories).
 	"tablet-retrying-state-stopped.json": {"retrying/tablet/t-0001", "88914f0f6144cc2a0b0359ae0efd1067c0b9df651c0b98b3f7bc3b5f2afe7238"},
+	// changeBoundedCommands: a pause and a resume naming the tablet twice,
+	// a resume signal over the bound rejected, then a stop (from
+	// TestRecordScriptedHistories).
+	"stream-bounded-commands-stopped.json": {"bounded", "75d8b09677a334670480d3e59fe97a3771900f8f9c4abac37cc16389f61ae3f7"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -86,6 +86,9 @@ type stream struct {
 	fatal        error
 	reports      workflow.ReceiveChannel
 	signals      map[string]workflow.ReceiveChannel
+	// bounded: a command's lists are deduplicated and a signal is
+	// bounded as an update is (changeBoundedCommands); nil until asked.
+	bounded *bool
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.

@@ -134,4 +134,15 @@ const (
 	// not make progress showed Streaming until its retention ran out.
 	// Asked for at a tablet run's first failed GetChanges only.
 	changeRetryingState = "retrying-state"
+
+	// changeBoundedCommands: what one operator command costs the stream
+	// is bounded by its own size. A tablet named twice in a pause,
+	// resume or retry is told (or restarted) once, where each name was
+	// carried out (a pause signal naming one tablet 30,000 times grew the
+	// stream's history by 48,000 events); a signal over maxUpdateBytes is
+	// rejected as an update over it is refused. Asked for only by such a
+	// command. (An include now tells each tablet only the aliases that
+	// concern it, and exclude and include drop repeated aliases; those
+	// change no command, only a signal's payload.)
+	changeBoundedCommands = "bounded-commands"
 )
