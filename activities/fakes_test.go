@@ -52,6 +52,10 @@ var errSourceDown = errors.New("replica unavailable")
 // (POSITION_MISMATCH: the replica lost the history the tablet needs).
 var errMismatch = errors.New("position mismatch")
 
+// errHistoryGone: the source no longer holds the history a request asks
+// for (every slot past it).
+var errHistoryGone = errors.New("history gone")
+
 // pollFunc answers the n-th GetChanges of a run (from 0).
 type pollFunc func(ctx context.Context, n int, req source.ChangesRequest) (source.Batch, error)
 
@@ -92,6 +96,9 @@ func (s *fakeSource) Classify(err error) source.Classification {
 	}
 	if errors.Is(err, errMismatch) {
 		return source.Classification{Action: source.RetryElsewhere, Reason: "POSITION_MISMATCH"}
+	}
+	if errors.Is(err, errHistoryGone) {
+		return source.Classification{Action: source.Expired, Reason: "EXPIRED"}
 	}
 	return source.Classification{Action: source.Fatal, Reason: "UNKNOWN"}
 }

@@ -373,6 +373,15 @@ func (r *changesRun) pollFailed(err error) error {
 	case source.RetrySame:
 		r.a.Metrics.Retry(r.in.Stream, r.in.Tablet, c.Reason, r.headroom())
 		return r.fail(err)
+	case source.Expired:
+		if stored, moved := r.sinkMovedOn(); moved {
+			// Another attempt of this tablet committed past this run's
+			// checkpoint and acknowledged it: the history asked for is
+			// behind the source's barrier, not lost. The next attempt
+			// resumes at the sink's checkpoint.
+			return r.fail(fmt.Errorf("another attempt committed up to %s, past this run's %s; reading again from the sink's checkpoint: %w",
+				stored, r.res.Checkpoint, err))
+		}
 	case source.RetryElsewhere:
 		r.a.Metrics.Excluded(r.in.Stream, r.in.Tablet, "automatic")
 		// Another replica at once, in place: the tablet workflow's
@@ -384,6 +393,32 @@ func (r *changesRun) pollFailed(err error) error {
 		}
 	}
 	return typed(c, err, r.replica.Alias, r.res.Checkpoint)
+}
+
+// sinkMovedOn looks at the tablet's stored checkpoint afresh (this run's
+// writer only knows the one of its Open and its own commits): moved is
+// true when the sink holds a later checkpoint than this run's, or another
+// writer holds the tablet now. The run's writer is closed to look; it
+// committed everything it could, and the run ends either way.
+func (r *changesRun) sinkMovedOn() (stored source.Checkpoint, moved bool) {
+	if r.w != nil {
+		_ = r.w.Close()
+		r.w = nil
+	}
+	snk, err := r.a.Resources.Sink(r.in.Sink, r.in.Stream)
+	if err != nil {
+		return source.Checkpoint{}, false
+	}
+	w, err := snk.Open(r.ctx, r.in.Tablet)
+	if errors.Is(err, sink.ErrLocked) {
+		return source.Checkpoint{}, true
+	}
+	if err != nil {
+		return source.Checkpoint{}, false
+	}
+	defer w.Close()
+	stored = w.Checkpoint()
+	return stored, stored.Compare(r.res.Checkpoint) > 0
 }
 
 // moveTo leaves the replica read for next, in place, from the committed

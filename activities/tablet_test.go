@@ -886,3 +886,39 @@ func TestWatcherReadsTheExcludeListFromTheStreamsMemo(t *testing.T) {
 		})
 	}
 }
+
+// TestGetChangesFindingItsHistoryGoneBecauseAnotherAttemptCommittedRetries:
+// another attempt of the same tablet (a zombie whose heartbeats timed out,
+// still running) committed past this run's checkpoint and acknowledged it,
+// so the source answers that the history this run asks for is gone. The
+// sink holds the later checkpoint: that is no expiry, and the run ends with
+// a plain retryable error, the next attempt resuming at the sink's
+// checkpoint, instead of a terminal StreamExpired.
+func TestGetChangesFindingItsHistoryGoneBecauseAnotherAttemptCommittedRetries(t *testing.T) {
+	r := newRig(t)
+	r.src.poll = func(_ context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+		r.mem.set(testTablet, cp(9)) // the other attempt's commit
+		return source.Batch{}, errHistoryGone
+	}
+	_, err := r.run(r.activityEnv(context.Background()), input())
+	var appErr *temporal.ApplicationError
+	require.ErrorAs(t, err, &appErr)
+	require.False(t, appErr.NonRetryable(), "%v", err)
+	require.NotEqual(t, ErrStreamExpired, appErr.Type())
+	require.ErrorContains(t, err, "1.9")
+}
+
+// TestGetChangesFindingItsHistoryGoneIsExpiredWhenTheSinkHasNotMoved: the
+// same answer with the sink still at the run's checkpoint is a real
+// expiry.
+func TestGetChangesFindingItsHistoryGoneIsExpiredWhenTheSinkHasNotMoved(t *testing.T) {
+	r := newRig(t)
+	r.src.poll = func(context.Context, int, source.ChangesRequest) (source.Batch, error) {
+		return source.Batch{}, errHistoryGone
+	}
+	_, err := r.run(r.activityEnv(context.Background()), input())
+	var appErr *temporal.ApplicationError
+	require.ErrorAs(t, err, &appErr)
+	require.True(t, appErr.NonRetryable())
+	require.Equal(t, ErrStreamExpired, appErr.Type())
+}
