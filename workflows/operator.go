@@ -253,7 +253,8 @@ func (s *stream) retry(ctx workflow.Context, raw json.RawMessage, apply bool) er
 		row := &TabletStatus{ID: id, State: Starting, Checkpoint: old.Checkpoint, Start: old.Start,
 			Records: old.Records, Batches: old.Batches, Restarts: old.Restarts, Seq: old.Seq, Reason: "retried by the operator"}
 		s.st.Tablets[id] = row
-		s.startChildren(ctx, []childStart{{id: id, start: old.Start, state: &TabletState{Status: *row, Checkpoint: old.Checkpoint, Intents: true}}})
+		s.startChildren(ctx, []childStart{{id: id, start: old.Start, retry: true,
+			state: &TabletState{Status: *row, Checkpoint: old.Checkpoint, Intents: true}}})
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/tabletflow/tabletflow/activities"
@@ -68,6 +69,21 @@ func TestRecordScriptedHistories(t *testing.T) {
 	t.Cleanup(w.Stop)
 	r := &recorder{t: t, c: c, dir: dir, queue: queue}
 
+	// On a second queue the tablet workflows are a fake (fakeTablet),
+	// for a stream whose tablet closes slowly after its Failed report.
+	const fakeQueue = "record-fake-tablets"
+	fw := worker.New(c, fakeQueue, worker.Options{})
+	fw.RegisterWorkflow(workflows.StreamWorkflow)
+	fw.RegisterWorkflowWithOptions(fakeTablet, workflow.RegisterOptions{Name: "TabletWorkflow"})
+	for name, fn := range map[string]any{
+		"EnsureStream": f.EnsureStream, "ReadTopology": f.ReadTopology, "ReadTopologyAndPick": f.ReadTopologyAndPick,
+		"CheckTablets": (&closedChecker{c: c}).CheckTablets, "DeleteStream": f.DeleteStream,
+	} {
+		fw.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
+	}
+	require.NoError(t, fw.Start())
+	t.Cleanup(fw.Stop)
+
 	// changeRetryingState: a single-replica tablet whose first runs end
 	// with POSITION_MISMATCH is Retrying, and Streaming again once a run
 	// commits; then the stream stops.
@@ -103,6 +119,26 @@ func TestRecordScriptedHistories(t *testing.T) {
 		r.record(stream, "stream-bounded-commands-stopped")
 	})
 
+	// changeRetryAfterClose: the operator retries a tablet that reported
+	// Failed while its workflow has not closed yet; the stream starts its
+	// new workflow once the old one closed; then the stream stops.
+	t.Run("retry-after-close", func(t *testing.T) {
+		const stream = "retryclose"
+		fr := &recorder{t: t, c: c, dir: dir, queue: fakeQueue}
+		fr.start(stream)
+		fr.waitStream(stream, "t-0001 Failed", func(st workflows.StreamStatus) bool {
+			return len(st.Tablets) == 1 && st.Tablets[0].State == workflows.Failed
+		})
+		fr.signal(stream, workflows.CmdRetry, `{"tablets": ["t-0001"]}`)
+		fr.waitStream(stream, "the retry waiting for the old workflow to close", func(st workflows.StreamStatus) bool {
+			return strings.Contains(st.Tablets[0].Reason, "waits for its previous workflow")
+		})
+		fr.waitStream(stream, "the new workflow streaming", func(st workflows.StreamStatus) bool {
+			return st.Tablets[0].State == workflows.Streaming
+		})
+		fr.stop(stream)
+		fr.record(stream, "stream-retry-after-close-stopped")
+	})
 }
 
 // recorder starts streams on the dev server and records their histories.
@@ -285,4 +321,55 @@ func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput
 		case <-beat.C:
 		}
 	}
+}
+
+// fakeTablet stands for TabletWorkflow in the retry-after-close
+// recording: its first run reports Failed and closes 8 s later (a slow
+// confirmation); a later run reports Streaming, and Stopped when told to
+// stop.
+func fakeTablet(ctx workflow.Context, in workflows.TabletInput, st *workflows.TabletState) error {
+	report := func(s workflows.TabletStatus) error {
+		s.ID, s.Updated = in.Tablet, workflow.Now(ctx)
+		return workflow.SignalExternalWorkflow(ctx, in.Stream, "", workflows.SignalTabletReport, s).Get(ctx, nil)
+	}
+	if st == nil {
+		if err := workflow.Sleep(ctx, time.Second); err != nil {
+			return err
+		}
+		if err := report(workflows.TabletStatus{State: workflows.Failed, Reason: "sink: SINK_CORRUPT", Seq: 1}); err != nil {
+			return err
+		}
+		return workflow.Sleep(ctx, 8*time.Second)
+	}
+	seq := st.Status.Seq
+	if err := report(workflows.TabletStatus{State: workflows.Streaming, Replica: recordAlias, Checkpoint: st.Checkpoint, Seq: seq + 1}); err != nil {
+		return err
+	}
+	commands := workflow.GetSignalChannel(ctx, workflows.SignalTabletCommand)
+	for {
+		var cmd workflows.TabletCommand
+		commands.Receive(ctx, &cmd)
+		if cmd.Kind == workflows.CmdStop {
+			return report(workflows.TabletStatus{State: workflows.Stopped, Replica: recordAlias, Checkpoint: st.Checkpoint, Seq: seq + 2})
+		}
+	}
+}
+
+// closedChecker is CheckTablets as the activity does it, over the dev
+// server: a tablet whose workflow is not running is closed (its final
+// status is not needed here).
+type closedChecker struct{ c client.Client }
+
+func (k *closedChecker) CheckTablets(ctx context.Context, in activities.CheckTabletsInput) ([]activities.ClosedTablet, error) {
+	var closed []activities.ClosedTablet
+	for _, t := range in.Tablets {
+		d, err := k.c.DescribeWorkflowExecution(ctx, t.WorkflowID, "")
+		if err != nil {
+			return nil, err
+		}
+		if s := d.WorkflowExecutionInfo.Status; s != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
+			closed = append(closed, activities.ClosedTablet{Tablet: t.Tablet, Status: s.String()})
+		}
+	}
+	return closed, nil
 }

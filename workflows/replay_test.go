@@ -95,6 +95,10 @@ var recorded = map[string]recording{
 	// a resume signal over the bound rejected, then a stop (from
 	// TestRecordScriptedHistories).
 	"stream-bounded-commands-stopped.json": {"bounded", "75d8b09677a334670480d3e59fe97a3771900f8f9c4abac37cc16389f61ae3f7"},
+	// changeRetryAfterClose: a retry of a tablet whose workflow had
+	// reported Failed but not closed, its new workflow started once the
+	// old one closed, then a stop (from TestRecordScriptedHistories).
+	"stream-retry-after-close-stopped.json": {"retryclose", "80417b7c7351b487a705de89d0152c1351991328688127d866bdb9ab0b493fbc"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

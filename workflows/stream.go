@@ -89,6 +89,12 @@ type stream struct {
 	// bounded: a command's lists are deduplicated and a signal is
 	// bounded as an update is (changeBoundedCommands); nil until asked.
 	bounded *bool
+	// loopCtx is the main loop's context; retried takes the closed
+	// previous workflows of retried tablets (changeRetryAfterClose),
+	// which a goroutine looks for while checkingRetried.
+	loopCtx         workflow.Context
+	retried         workflow.Channel
+	checkingRetried bool
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.
@@ -202,6 +208,8 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 	topology := workflow.NewChannel(ctx)
 	var next workflow.Future // the timer to the next topology read; nil while one runs
 	s.readTopology(ctx, actx, topology)
+	s.loopCtx, s.retried = ctx, workflow.NewChannel(ctx)
+	s.checkRetried() // tablets retried in an earlier run that still wait
 	for {
 		if err := ctx.Err(); err != nil {
 			return temporal.NewCanceledError("stream cancelled")
@@ -234,6 +242,11 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 		if t := exclusionEnds.next(ctx, s.nextExpiry()); t != nil {
 			sel.AddFuture(t, func(workflow.Future) { exclusionEnds.fired(); s.onExpiry(ctx) })
 		}
+		sel.AddReceive(s.retried, func(c workflow.ReceiveChannel, _ bool) {
+			var closed []activities.ClosedTablet
+			c.Receive(ctx, &closed)
+			s.restartRetried(ctx, closed)
+		})
 		sel.Select(ctx)
 		// With more reports or commands already waiting, the details wait
 		// for the last of them: 64 tablets reporting in one workflow task
@@ -493,6 +506,9 @@ type childStart struct {
 	start source.Checkpoint
 	state *TabletState
 	first *activities.Selection // the replica picked for its first run, or nil
+	// retry: the operator's retry of a Failed tablet, which must not
+	// adopt the tablet's previous workflow (changeRetryAfterClose).
+	retry bool
 }
 
 // startChildren starts TabletWorkflows whose rows s.st.Tablets already
@@ -534,6 +550,10 @@ func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
 				// (its reports, if any came meanwhile, are handled after).
 				row.State = Streaming
 			}
+		case temporal.IsWorkflowExecutionAlreadyStartedError(err) && f.retry && s.retryAfterClose(ctx):
+			// The Failed tablet's previous workflow has not closed yet.
+			s.log.Info("the retried tablet's previous workflow still runs; its new one starts once it closed", "tablet", f.id)
+			s.waitForClose(f.id)
 		case temporal.IsWorkflowExecutionAlreadyStartedError(err):
 			s.log.Info("adopting the running tablet workflow", "tablet", f.id)
 		default:

@@ -249,10 +249,17 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 		return 0
 	})
 	var restarts []childStart
+	var retried []activities.ClosedTablet
 	for _, c := range closed {
 		prev := s.st.Tablets[c.Tablet]
 		if prev == nil || terminal(prev.State) {
 			continue // its terminal report came meanwhile
+		}
+		if slices.Contains(s.st.Retried, c.Tablet) {
+			// Retried while its previous workflow was closing: the
+			// retry starts its new one (changeRetryAfterClose).
+			retried = append(retried, c)
+			continue
 		}
 		if c.Status == activities.TaskFailing {
 			// Running but stuck: nothing the stream can restart. Said in its
@@ -297,4 +304,5 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 		restarts = append(restarts, childStart{id: c.Tablet, start: row.Start, state: st})
 	}
 	s.startChildren(ctx, restarts)
+	s.restartRetried(ctx, retried)
 }

@@ -139,6 +139,10 @@ type StreamState struct {
 	Stop *StopRequest `json:"stop,omitempty"`
 	// Topology is set while the topology cannot be read.
 	Topology *TopologyTrouble `json:"topology,omitempty"`
+	// Retried are the tablets the operator retried while their previous
+	// workflow had not closed yet: each new workflow starts once the old
+	// one has closed (changeRetryAfterClose).
+	Retried []string `json:"retried,omitempty"`
 }
 
 // TabletInput starts a TabletWorkflow.

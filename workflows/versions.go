@@ -145,4 +145,13 @@ const (
 	// concern it, and exclude and include drop repeated aliases; those
 	// change no command, only a signal's payload.)
 	changeBoundedCommands = "bounded-commands"
+
+	// changeRetryAfterClose: a retry of a Failed tablet whose workflow
+	// has not closed yet (its terminal report came first) no longer
+	// adopts that closing workflow, which left the row Starting with no
+	// workflow behind it for good; the stream checks every retryCheck
+	// until it has closed (StreamState.Retried) and then starts the
+	// tablet's new workflow. Asked for only when a retry finds the
+	// tablet's previous workflow still running.
+	changeRetryAfterClose = "retry-after-close"
 )
