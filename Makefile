@@ -78,6 +78,7 @@ FUZZTIME ?= 30s
 FUZZ_TMPDIR ?= $(if $(wildcard /dev/shm),/dev/shm,$(or $(TMPDIR),/tmp))
 FUZZ_TARGETS := \
 	./config:FuzzDecodeConfig \
+	./adapters:FuzzDecodeWithEveryAdapter \
 	./source:FuzzParseCheckpoint \
 	./sink/jsonl:FuzzJSONLReader \
 	./sink/jsonl:FuzzJSONLManifest \
