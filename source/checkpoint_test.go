@@ -3,6 +3,7 @@ package source
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -280,4 +281,84 @@ func TestCheckpointTextRoundTrips(t *testing.T) {
 	err = back.UnmarshalText([]byte("x"))
 	require.ErrorIs(t, err, ErrBadCheckpoint)
 	require.Equal(t, cp, back, "a failed UnmarshalText must leave the checkpoint unchanged")
+}
+
+func TestParseCheckpointAcceptsAnOpaquePartAfterAnAt(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want Checkpoint
+	}{
+		// A MariaDB GTID position, as the vitess adapter keeps it.
+		{name: "mariadb gtid", in: "57.3@MariaDB/0-100-57", want: Checkpoint{Term: 57, Index: 3, Opaque: "MariaDB/0-100-57"}},
+		// A MySQL GTID set: colons, dashes and commas are part of it.
+		{name: "mysql gtid set", in: "60.0@MySQL56/3e11fa47-71ca-11e1-9e33-c80aa9429562:1-57,4e11fa47-71ca-11e1-9e33-c80aa9429562:1-3",
+			want: Checkpoint{Term: 60, Opaque: "MySQL56/3e11fa47-71ca-11e1-9e33-c80aa9429562:1-57,4e11fa47-71ca-11e1-9e33-c80aa9429562:1-3"}},
+		// Only the first @ separates: a later one belongs to the opaque part.
+		{name: "at inside", in: "1.2@a@b", want: Checkpoint{Term: 1, Index: 2, Opaque: "a@b"}},
+		// An opaque part alone makes the checkpoint non-zero.
+		{name: "zero numbers", in: "0.0@x", want: Checkpoint{Opaque: "x"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseCheckpoint(tt.in)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, got)
+			require.Equal(t, tt.in, got.String(), "the form is canonical")
+			require.False(t, got.IsZero())
+		})
+	}
+}
+
+func TestParseCheckpointRejectsABadOpaquePart(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+	}{
+		// An @ with nothing after it: the canonical form of that is without the @.
+		{name: "empty", in: "1.2@"},
+		// Spaces would not survive every place a checkpoint is written.
+		{name: "space", in: "1.2@MariaDB/0-100-57 x"},
+		// Control characters neither.
+		{name: "newline", in: "1.2@a\nb"},
+		// Nor anything outside ASCII.
+		{name: "non-ascii", in: "1.2@é"},
+		// Bounded in size.
+		{name: "too long", in: "1.2@" + strings.Repeat("x", MaxOpaque+1)},
+		// The numbers must still be term.index.
+		{name: "bad numbers", in: "1@MariaDB/0-1-1"},
+		// An opaque part alone is not a checkpoint.
+		{name: "no numbers", in: "@MariaDB/0-1-1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseCheckpoint(tt.in)
+			require.ErrorIs(t, err, ErrBadCheckpoint)
+			require.Equal(t, Checkpoint{}, got)
+		})
+	}
+	cp, err := ParseCheckpoint("1.2@" + strings.Repeat("x", MaxOpaque))
+	require.NoError(t, err, "MaxOpaque bytes are allowed")
+	require.Len(t, cp.Opaque, MaxOpaque)
+}
+
+func TestCompareIgnoresTheOpaquePart(t *testing.T) {
+	rec := Checkpoint{Term: 57, Index: 3}
+	cp := Checkpoint{Term: 57, Index: 3, Opaque: "MariaDB/0-100-57"}
+	require.Zero(t, rec.Compare(cp), "a record's position and the checkpoint at it are at the same point")
+	require.Zero(t, cp.Compare(rec))
+	require.Equal(t, -1, Checkpoint{Term: 56, Index: 9, Opaque: "MariaDB/0-100-56"}.Compare(cp))
+	require.Equal(t, 1, Checkpoint{Term: 58, Opaque: "MariaDB/0-100-58"}.Compare(cp))
+	require.Equal(t, cp, Max(cp, rec), "Max keeps its first argument on a tie")
+	require.NotEqual(t, rec, cp, "equality still sees the opaque part")
+}
+
+func TestCheckpointWithAnOpaquePartRoundTripsThroughJSON(t *testing.T) {
+	cp := Checkpoint{Term: 57, Index: 3, Opaque: "MariaDB/0-100-57"}
+	b, err := json.Marshal(checkpointHolder{CP: cp})
+	require.NoError(t, err)
+	require.Equal(t, `{"cp":"57.3@MariaDB/0-100-57"}`, string(b))
+	var back checkpointHolder
+	require.NoError(t, json.Unmarshal(b, &back))
+	require.Equal(t, cp, back.CP)
 }

@@ -8,10 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// checkpointSeeds are the forms the checkpoint tests accept and reject.
+// checkpointSeeds are the forms the checkpoint tests accept and reject,
+// with and without an opaque part.
 var checkpointSeeds = []string{
 	"1.5", "", "0.42", "0.0", "18446744073709551615.18446744073709551615",
 	"18446744073709551616.1", "1.2.3", ".5", "1.", "+1.5", " 1.5", "007.010",
+	"57.3@MariaDB/0-100-57", "007.1@x", "1.2@", "1.2@a b", "@x", "1.2@a@b",
 }
 
 // FuzzParseCheckpoint feeds arbitrary strings to ParseCheckpoint: they come
