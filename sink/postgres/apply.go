@@ -3,9 +3,12 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -70,9 +73,33 @@ type mirrors struct {
 	m  map[string]*mirror // by source table
 }
 
-// mirrorName is the mirror table of a source table: "public.orders" →
-// public__orders, lower case, characters other than a-z, 0-9 and _ as _.
-func mirrorName(table string) string {
+// A source table's mirror table has a name of its own: distinct source
+// tables never share one. A plain name keeps its readable fold, as every
+// version made it (public.orders → public__orders; tabletd's orders →
+// orders): a schema and a table of a-z, 0-9 and _, beginning with a
+// letter, the schema without "__" and not ending in "_", at most 63 bytes
+// together, and not the sink's own changes or checkpoints; such folds are
+// distinct for distinct names. Any other name (upper case, other
+// characters, past 63 bytes) gets a tagged name: _<16 hex digits of a
+// hash of the exact name>_<its fold, cut>, which no plain name's fold
+// begins with. Each mirror table's comment names its source table
+// ("tabletflow mirror of public.Orders"), so that a mirror table an
+// earlier version made under a fold that several source tables shared
+// (public.Orders and public.orders both folded to public__orders) is the
+// first one's that writes to it after the upgrade, and never another's.
+
+// mirrorClaim begins a mirror table's comment; the source table follows.
+const mirrorClaim = "tabletflow mirror of "
+
+var (
+	plainPart  = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+	plainTable = regexp.MustCompile(`^[a-z0-9_]+$`)
+)
+
+// fold is the mirror table name every earlier version gave a source table:
+// "public.orders" → public__orders, lower case, characters other than a-z,
+// 0-9 and _ as _, cut at 63 bytes.
+func fold(table string) string {
 	b := []byte(strings.ToLower(strings.ReplaceAll(table, ".", "__")))
 	for i, c := range b {
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
@@ -84,6 +111,139 @@ func mirrorName(table string) string {
 	}
 	return string(b)
 }
+
+// plain tells whether a source table's fold is its mirror table's name:
+// no other plain name folds to it.
+func plain(table string) bool {
+	schema, name, dotted := strings.Cut(table, ".")
+	if !dotted {
+		return plainPart.MatchString(table) && !strings.Contains(table, "__") && len(table) <= 63 &&
+			table != "changes" && table != "checkpoints"
+	}
+	return plainPart.MatchString(schema) && !strings.Contains(schema, "__") && !strings.HasSuffix(schema, "_") &&
+		plainTable.MatchString(name) && len(schema)+2+len(name) <= 63
+}
+
+// taggedMirror is a source table's tagged mirror table name.
+func taggedMirror(table string) string {
+	sum := sha256.Sum256([]byte(table))
+	t := "_" + hex.EncodeToString(sum[:8]) + "_"
+	f := fold(table)
+	return t + f[:min(len(f), 63-len(t))]
+}
+
+// mirrorNames are the names a source table's mirror table may have, in
+// the order they are looked for: a plain table's fold, then its tagged
+// name (its fold taken by another source table); any other table's tagged
+// name, then the fold an earlier version gave it.
+func mirrorNames(table string) []string {
+	switch f := fold(table); {
+	case plain(table):
+		return []string{f, taggedMirror(table)}
+	case f == "changes" || f == "checkpoints": // the sink's own: never a mirror
+		return []string{taggedMirror(table)}
+	default:
+		return []string{taggedMirror(table), f}
+	}
+}
+
+// mirrorTable returns the name of a source table's mirror table in the
+// sink's schema: the first of mirrorNames that is there and is the
+// table's (its comment names it, or names nothing: made by an earlier
+// version, it is claimed now). None: with create, the table is made
+// (defs: its columns and key) under the first name that is free of those
+// the table may have (a plain table's fold, else its tagged name), and
+// claimed; without, "".
+func (s *Sink) mirrorTable(ctx context.Context, table string, defs func() string) (string, error) {
+	cands := mirrorNames(table)
+	rows, err := s.pool.Query(ctx, `SELECT c.relname::text, COALESCE(obj_description(c.oid, 'pg_class'), '')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = ANY($2)`, s.schema, cands)
+	if err != nil {
+		return "", fmt.Errorf("mirror table of %s: %w", table, classify(err))
+	}
+	claims := map[string]string{}
+	for rows.Next() {
+		var name, comment string
+		if err := rows.Scan(&name, &comment); err != nil {
+			return "", err
+		}
+		claims[name], _ = strings.CutPrefix(comment, mirrorClaim)
+		if !strings.HasPrefix(comment, mirrorClaim) {
+			claims[name] = "" // no comment, or not ours
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("mirror table of %s: %w", table, classify(err))
+	}
+	for _, name := range cands {
+		if claim, ok := claims[name]; ok && (claim == table || claim == "") {
+			if mine, err := s.claimMirror(ctx, name, table, ""); err != nil || mine {
+				return name, err
+			}
+		}
+	}
+	if defs == nil {
+		return "", nil
+	}
+	for _, name := range cands {
+		if _, taken := claims[name]; taken || name == fold(table) && !plain(table) {
+			continue
+		}
+		mine, err := s.claimMirror(ctx, name, table, defs())
+		if err != nil || mine {
+			return name, err
+		}
+	}
+	return "", fmt.Errorf("%w: mirror table of %s: every name it may have (%s) is another source table's", sink.ErrBadRecord, table, strings.Join(cands, ", "))
+}
+
+// claimMirror makes the mirror table name (when defs is not empty: CREATE
+// TABLE IF NOT EXISTS with them) and claims it for the source table, in
+// one transaction under a lock on the name: a table whose comment names no
+// source table gets this one's. It tells whether the table is the source
+// table's.
+func (s *Sink) claimMirror(ctx context.Context, name, table, defs string) (bool, error) {
+	q := pgx.Identifier{s.schema, name}.Sanitize()
+	var mine bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('tabletflow mirror'), hashtext($1))`, q); err != nil {
+			return err
+		}
+		if defs != "" {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+q+` (`+defs+`)`); err != nil {
+				return err
+			}
+		}
+		var comment *string
+		var there bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, obj_description(to_regclass($1), 'pg_class')`, q).Scan(&there, &comment); err != nil {
+			return err
+		}
+		if !there {
+			return nil
+		}
+		if comment != nil && strings.HasPrefix(*comment, mirrorClaim) {
+			mine = strings.TrimPrefix(*comment, mirrorClaim) == table
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `COMMENT ON TABLE `+q+` IS `+quoteLiteral(mirrorClaim+table)); err != nil {
+			return err
+		}
+		mine = true
+		return nil
+	})
+	if err != nil && !madeMeanwhile(err) {
+		return false, fmt.Errorf("mirror table %s of %s: %w", q, table, classify(err))
+	}
+	if err != nil { // made at the same moment by a sink without the lock (an earlier version)
+		return s.claimMirror(ctx, name, table, "")
+	}
+	return mine, nil
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // fields returns a JSON object's keys in order, and its values.
 func fields(raw json.RawMessage) ([]string, map[string]json.RawMessage, error) {
@@ -192,9 +352,12 @@ func (s *Sink) truncatable(ctx context.Context, r source.Record) (*mirror, error
 		if target, ok := s.given[r.Table]; ok {
 			m, err = s.loadGiven(ctx, r.Table, target)
 		} else {
-			m, err = s.loadMirror(ctx, pgx.Identifier{s.schema, mirrorName(r.Table)}.Sanitize())
+			var name string
+			if name, err = s.mirrorTable(ctx, r.Table, nil); err == nil && name != "" {
+				m, err = s.loadMirror(ctx, pgx.Identifier{s.schema, name}.Sanitize())
+			}
 		}
-		if err != nil || len(m.cols) == 0 {
+		if err != nil || m == nil || len(m.cols) == 0 {
 			return nil, err
 		}
 		s.mirrors.m[r.Table] = m
@@ -230,23 +393,21 @@ func keyDesc(cols []string) string {
 // makeMirror returns the sink's own mirror table of a source table,
 // making it if it is not there.
 func (s *Sink) makeMirror(ctx context.Context, table string, keyCols, cols []string) (*mirror, error) {
-	name := pgx.Identifier{s.schema, mirrorName(table)}.Sanitize()
-	m, err := s.loadMirror(ctx, name)
-	if err != nil || len(m.cols) > 0 {
-		return m, err
+	name, err := s.mirrorTable(ctx, table, func() string {
+		defs := make([]string, 0, len(cols)+2)
+		for _, c := range cols {
+			defs = append(defs, pgx.Identifier{c}.Sanitize()+" jsonb")
+		}
+		defs = append(defs, ownerCol+" text")
+		if len(keyCols) > 0 {
+			defs = append(defs, "PRIMARY KEY ("+quoteAll(keyCols)+")")
+		}
+		return strings.Join(defs, ", ")
+	})
+	if err != nil {
+		return nil, err
 	}
-	defs := make([]string, 0, len(cols)+2)
-	for _, c := range cols {
-		defs = append(defs, pgx.Identifier{c}.Sanitize()+" jsonb")
-	}
-	defs = append(defs, ownerCol+" text")
-	if len(keyCols) > 0 {
-		defs = append(defs, "PRIMARY KEY ("+quoteAll(keyCols)+")")
-	}
-	if _, err := s.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+name+` (`+strings.Join(defs, ", ")+`)`); err != nil && !madeMeanwhile(err) {
-		return nil, fmt.Errorf("create mirror table %s: %w", name, classify(err))
-	}
-	return s.loadMirror(ctx, name)
+	return s.loadMirror(ctx, pgx.Identifier{s.schema, name}.Sanitize())
 }
 
 // loadGiven reads the table the config gives for a source table

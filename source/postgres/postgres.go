@@ -21,6 +21,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -185,35 +187,223 @@ func (s *Source) shardOf(id string) (*shard, error) {
 	return nil, fmt.Errorf("%w: %q", source.ErrUnknownTablet, id)
 }
 
-// ident makes a PostgreSQL identifier of s: lower case, characters other
-// than a-z, 0-9 and _ replaced by _, and cut to max bytes with a hash of
-// the whole when longer.
-func ident(s string, maxLen int) string {
+// A stream's objects are named from its exact ID, and distinct IDs give
+// distinct names: a name holds a readable part of the ID (lower case,
+// every byte other than a-z, 0-9 and _ as _, cut to fit) and, at a fixed
+// place, tag, a hash of the ID itself. Streams made by a version before
+// (legacy names: the readable part alone, so that orders-eu, orders_eu and
+// Orders_EU shared one slot) keep their names: see found and claim.
+
+// tag is a short hash of the exact s: 16 hex digits (64 bits).
+func tag(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:8])
+}
+
+// readable is s as a part of a name, for people: lower case, every byte
+// other than a-z, 0-9 and _ as _, at most n bytes.
+func readable(s string, n int) string {
 	b := []byte(strings.ToLower(s))
 	for i, c := range b {
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
 			b[i] = '_'
 		}
 	}
+	return string(b[:min(len(b), max(n, 0))])
+}
+
+// PublicationName is the stream's publication on every primary:
+// tfp_<readable ID>_<tag of the ID>.
+func PublicationName(stream string) string {
+	t := tag(stream)
+	return "tfp_" + readable(stream, 63-len("tfp_")-1-len(t)) + "_" + t
+}
+
+// SlotName is the stream's slot for a shard, the same name on every replica
+// of the shard (slot names are per server): tfs_<readable ID>_<shard>_<tag
+// of the ID>. Shard IDs are at most 32 characters of [a-z0-9_] (config
+// validation), so the name fits 63 bytes; the tag's fixed place at the
+// end keeps the stream's and the shard's parts from mixing.
+func SlotName(stream, shard string) string {
+	t := tag(stream)
+	return "tfs_" + readable(stream, 63-len("tfs_")-len(shard)-2-len(t)) + "_" + shard + "_" + t
+}
+
+// legacyIdent is how the versions before tags made a PostgreSQL
+// identifier of s: readable, and cut to max bytes with a hash of the whole
+// when longer.
+func legacyIdent(s string, maxLen int) string {
+	b := readable(s, len(s))
 	if len(b) <= maxLen {
-		return string(b)
+		return b
 	}
 	h := fnv.New32a()
 	h.Write([]byte(s))
 	sum := fmt.Sprintf("%08x", h.Sum32())
-	return string(b[:maxLen-len(sum)-1]) + "_" + sum
+	return b[:maxLen-len(sum)-1] + "_" + sum
 }
 
-// PublicationName is the stream's publication on every primary.
-func PublicationName(stream string) string {
-	return "tabletflow_" + ident(stream, 63-len("tabletflow_"))
+// legacyPublicationName and legacySlotName are the names of a stream made
+// before tags; IDs that differ only in case or in characters other than
+// a-z, 0-9 and _ share them.
+func legacyPublicationName(stream string) string {
+	return "tabletflow_" + legacyIdent(stream, 63-len("tabletflow_"))
 }
 
-// SlotName is the stream's slot for a shard, the same name on every replica
-// of the shard (slot names are per server). Shard IDs are at most 32
-// characters of [a-z0-9_] (config validation).
-func SlotName(stream, shard string) string {
-	return "tf_" + ident(stream, 63-len("tf_")-1-len(shard)) + "_" + shard
+func legacySlotName(stream, shard string) string {
+	return "tf_" + legacyIdent(stream, 63-len("tf_")-1-len(shard)) + "_" + shard
+}
+
+// names are a stream's publication and slots: tagged, or legacy.
+type names struct {
+	stream string
+	pub    string
+	legacy bool
+}
+
+func tagged(stream string) names { return names{stream: stream, pub: PublicationName(stream)} }
+
+func legacy(stream string) names {
+	return names{stream: stream, pub: legacyPublicationName(stream), legacy: true}
+}
+
+// slot is the stream's slot on a replica of the shard.
+func (n names) slot(shard string) string {
+	if n.legacy {
+		return legacySlotName(n.stream, shard)
+	}
+	return SlotName(n.stream, shard)
+}
+
+// found is what a server's catalog has of a stream: its names, whether
+// its publication is there, and the publication's record.
+type found struct {
+	names  names
+	exists bool
+	meta   streamMeta
+}
+
+// find reads the stream's publication on the server: under its tagged
+// names, or, for a stream made before tags, under its legacy ones, unless
+// that publication's record names another stream (its claim: see claim).
+// Neither there: the tagged names, exists false.
+func (r *replica) find(ctx context.Context, stream string) (found, error) {
+	pool, err := r.poolOf()
+	if err != nil {
+		return found{}, err
+	}
+	cur, old := tagged(stream), legacy(stream)
+	rows, err := pool.Query(ctx, `SELECT pubname::text, COALESCE(obj_description(oid, 'pg_publication'), '')
+		FROM pg_publication WHERE pubname = ANY($1)`, []string{cur.pub, old.pub})
+	if err != nil {
+		return found{}, fmt.Errorf("read the publication of %s on %s: %w", stream, r.cfg.Alias, err)
+	}
+	metas := map[string]streamMeta{}
+	for rows.Next() {
+		var name, comment string
+		if err := rows.Scan(&name, &comment); err != nil {
+			return found{}, err
+		}
+		var m streamMeta
+		_ = json.Unmarshal([]byte(comment), &m) // not ours (or damaged): made again
+		metas[name] = m
+	}
+	if err := rows.Err(); err != nil {
+		return found{}, fmt.Errorf("read the publication of %s on %s: %w", stream, r.cfg.Alias, err)
+	}
+	if m, ok := metas[cur.pub]; ok {
+		return found{names: cur, exists: true, meta: m}, nil
+	}
+	if m, ok := metas[old.pub]; ok && (m.Stream == "" || m.Stream == stream) {
+		return found{names: old, exists: true, meta: m}, nil
+	}
+	return found{names: cur}, nil
+}
+
+// claim makes a stream's legacy publication its own, on the shard's
+// primary: a record without a stream gets this one's exact ID, so that no
+// other stream whose ID folds to the same legacy name takes it (or its
+// slots) from then on. The first use of a legacy stream by this version
+// claims it (EnsureStream, a reader's start, DeleteStream), unless one of
+// its slots is held by a session of another stream (a worker of the
+// version before, reading it: see heldByAnother). ok is false when the
+// publication is another stream's (f is then its tagged names) or gone.
+func (s *Source) claim(ctx context.Context, sh *shard, f found) (found, bool, error) {
+	stream := f.names.stream
+	if !f.names.legacy || f.meta.Stream == stream {
+		return f, true, nil
+	}
+	if other := s.heldByAnother(ctx, sh, f.names); other != "" {
+		return found{names: tagged(stream)}, false, nil
+	}
+	prim := s.primary(sh)
+	pool, err := prim.poolOf()
+	if err != nil {
+		return f, false, err
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('tabletflow'), hashtext($1))`, f.names.pub); err != nil {
+			return err
+		}
+		var comment *string
+		err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, f.names.pub).Scan(&comment)
+		if errors.Is(err, pgx.ErrNoRows) {
+			f.exists = false
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var m streamMeta
+		if comment != nil {
+			_ = json.Unmarshal([]byte(*comment), &m)
+		}
+		if m.Stream == "" {
+			m.Stream = stream
+			b, _ := json.Marshal(m)
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{f.names.pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
+				return err
+			}
+		}
+		f.meta = m
+		return nil
+	})
+	if err != nil {
+		return f, false, fmt.Errorf("record stream %s on its publication %s on %s: %w", stream, f.names.pub, prim.cfg.Alias, err)
+	}
+	if !f.exists || f.meta.Stream != stream {
+		return found{names: tagged(stream)}, false, nil
+	}
+	return f, true, nil
+}
+
+// heldByAnother names the stream whose session (a reader of the version
+// before tags: application_name tabletflow/<stream>/<shard>) holds one of
+// the legacy slots on a replica of the shard that answers, if that stream
+// is not n's; "" when none is, or the name cannot tell (cut at 63 bytes,
+// or not ASCII: the server rewrites those).
+func (s *Source) heldByAnother(ctx context.Context, sh *shard, n names) string {
+	slot := n.slot(sh.id)
+	for _, r := range sh.replicas {
+		pool, err := r.poolOf()
+		if err != nil {
+			continue
+		}
+		hctx, cancel := context.WithTimeout(ctx, healthTimeout)
+		var app string
+		err = pool.QueryRow(hctx, `SELECT COALESCE(a.application_name, '') FROM pg_replication_slots s
+			JOIN pg_stat_replication a ON a.pid = s.active_pid WHERE s.slot_name = $1`, slot).Scan(&app)
+		cancel()
+		if err != nil || len(app) >= 63 || !strings.HasPrefix(app, "tabletflow/") || !strings.HasSuffix(app, "/"+sh.id) {
+			continue
+		}
+		other := strings.TrimSuffix(strings.TrimPrefix(app, "tabletflow/"), "/"+sh.id)
+		printable := !strings.ContainsFunc(other, func(c rune) bool { return c < ' ' || c > '~' || c == '?' || c == '\\' })
+		if printable && other != n.stream && legacyPublicationName(other) == n.pub {
+			return other
+		}
+	}
+	return ""
 }
 
 // streamMeta is what a stream keeps on each shard's primary, as the
@@ -227,6 +417,10 @@ type streamMeta struct {
 	// Snapshot: the stream copies the tables' rows first (startFrom
 	// "snapshot").
 	Snapshot bool `json:"snapshot,omitempty"`
+	// Stream: the stream's exact ID, recorded by this version (a legacy
+	// publication gets it when claimed); empty in a record of a version
+	// before.
+	Stream string `json:"stream,omitempty"`
 }
 
 // EnsureStream creates, on every shard, the stream's publication on the
@@ -261,12 +455,17 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 	if err != nil {
 		return streamMeta{}, err
 	}
-	pub := PublicationName(stream)
-	m, exists, err := prim.readMeta(ctx, stream)
+	f, err := prim.find(ctx, stream)
 	if err != nil {
 		return streamMeta{}, err
 	}
-	if !exists {
+	// A stream made before tags (stopped, or being made when its worker
+	// was upgraded) goes on with its names, and claims them.
+	if f, _, err = s.claim(ctx, sh, f); err != nil {
+		return streamMeta{}, err
+	}
+	n := f.names
+	if !f.exists {
 		tables := make([]string, len(spec.Tables))
 		for i, t := range spec.Tables {
 			schema, name, _ := strings.Cut(t, ".")
@@ -275,17 +474,17 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 		// TRUNCATE is published too: the reader delivers it as a record
 		// (op "truncate"), never ignored.
 		_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s')`,
-			pgx.Identifier{pub}.Sanitize(), strings.Join(tables, ", "), publishedOps))
+			pgx.Identifier{n.pub}.Sanitize(), strings.Join(tables, ", "), publishedOps))
 		if err != nil && !isCode(err, "42710") { // duplicate_object: a concurrent ensure
 			return streamMeta{}, fmt.Errorf("create publication on %s: %w", prim.cfg.Alias, err)
 		}
 	}
-	if m.Start != 0 {
-		return m, nil // slots lost since are re-made by their readers
+	if f.meta.Start != 0 {
+		return f.meta, nil // slots lost since are re-made by their readers
 	}
 	var start pglogrepl.LSN
 	for _, r := range sh.replicas {
-		lsn, err := s.ensureSlot(ctx, stream, sh, r)
+		lsn, err := s.ensureSlot(ctx, n.slot(sh.id), sh, r)
 		if err != nil {
 			if r == prim {
 				return streamMeta{}, err
@@ -298,7 +497,8 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 	if err != nil {
 		return streamMeta{}, fmt.Errorf("read timeline on %s: %w", prim.cfg.Alias, err)
 	}
-	m = streamMeta{Start: start, Timeline: tli, Created: time.Now().UTC().Truncate(time.Second), Snapshot: spec.StartFrom == source.StartSnapshot}
+	m := streamMeta{Start: start, Timeline: tli, Created: time.Now().UTC().Truncate(time.Second),
+		Snapshot: spec.StartFrom == source.StartSnapshot, Stream: stream}
 	if m.Snapshot {
 		if err := ensureProgressTable(ctx, prim); err != nil {
 			return streamMeta{}, err
@@ -308,34 +508,10 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 		snapshotHook("meta")
 	}
 	b, _ := json.Marshal(m)
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{n.pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
 		return streamMeta{}, fmt.Errorf("record the stream's start on %s: %w", prim.cfg.Alias, err)
 	}
 	return m, nil
-}
-
-// readMeta reads a stream's record on a server: its publication's comment
-// (the catalog is replicated, so a standby has it too). exists says
-// whether the publication is there; a publication without a readable
-// record gives the zero streamMeta.
-func (r *replica) readMeta(ctx context.Context, stream string) (m streamMeta, exists bool, err error) {
-	pool, err := r.poolOf()
-	if err != nil {
-		return m, false, err
-	}
-	var comment *string
-	err = pool.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`,
-		PublicationName(stream)).Scan(&comment)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return m, false, nil
-	}
-	if err != nil {
-		return m, false, fmt.Errorf("read the publication of %s on %s: %w", stream, r.cfg.Alias, err)
-	}
-	if comment != nil && *comment != "" {
-		_ = json.Unmarshal([]byte(*comment), &m) // not ours (or damaged): made again
-	}
-	return m, true, nil
 }
 
 // slotRow is a slot's state on one replica.
@@ -416,8 +592,7 @@ func (r *replica) versionOf(ctx context.Context) (int, error) {
 // returns the slot's confirmed position. On a standby, creating a slot
 // waits for a running-transactions record from the primary, which is asked
 // for every second meanwhile.
-func (s *Source) ensureSlot(ctx context.Context, stream string, sh *shard, r *replica) (pglogrepl.LSN, error) {
-	name := SlotName(stream, sh.id)
+func (s *Source) ensureSlot(ctx context.Context, name string, sh *shard, r *replica) (pglogrepl.LSN, error) {
 	row, err := r.slot(ctx, name)
 	if err != nil {
 		return 0, fmt.Errorf("read slot on %s: %w", r.cfg.Alias, err)
@@ -466,17 +641,17 @@ func (s *Source) ensureSlot(ctx context.Context, stream string, sh *shard, r *re
 	return pglogrepl.ParseLSN(lsn)
 }
 
-// recreateSlot drops the stream's slot on a replica (an invalidated one)
-// and makes a new one.
-func (s *Source) recreateSlot(ctx context.Context, stream string, sh *shard, r *replica) error {
+// recreateSlot drops the stream's slot (name) on a replica (an invalidated
+// one) and makes a new one.
+func (s *Source) recreateSlot(ctx context.Context, name string, sh *shard, r *replica) error {
 	pool, err := r.poolOf()
 	if err != nil {
 		return err
 	}
-	if err := dropSlot(ctx, pool, SlotName(stream, sh.id)); err != nil {
+	if err := dropSlot(ctx, pool, name); err != nil {
 		return err
 	}
-	_, err = s.ensureSlot(ctx, stream, sh, r)
+	_, err = s.ensureSlot(ctx, name, sh, r)
 	return err
 }
 
@@ -506,7 +681,10 @@ func (s *Source) heartbeat(ctx context.Context, sh *shard) {
 // progress on every primary. It drops all it can reach: a server that
 // cannot be reached (or fails) does not stop the others, and the error
 // then names everything left, each with its cause (a server down is
-// retried, so a later call drops the rest).
+// retried, so a later call drops the rest). A stream made before tags
+// keeps its publication until every slot of the shard is dropped: its
+// record is what tells a later call that the legacy names are this
+// stream's.
 func (s *Source) DeleteStream(ctx context.Context, stream string) error {
 	var mu sync.Mutex
 	var left []error
@@ -530,16 +708,32 @@ func (s *Source) DeleteStream(ctx context.Context, stream string) error {
 		all = append(all, sh.replicas...)
 		primaries = append(primaries, s.primary(sh))
 	}
+	byShard := map[string]names{}
+	slotsLeft := map[string]bool{}
+	each(primaries, func(ctx context.Context, prim *replica) error {
+		n, err := s.namesToDrop(ctx, s.shardByID(prim.shard), stream)
+		mu.Lock()
+		byShard[prim.shard] = n
+		mu.Unlock()
+		return err
+	})
 	each(all, func(ctx context.Context, r *replica) error {
-		name := SlotName(stream, r.shard)
+		name := byShard[r.shard].slot(r.shard)
 		if err := r.dropStreamSlot(ctx, name); err != nil {
+			mu.Lock()
+			slotsLeft[r.shard] = true
+			mu.Unlock()
 			return fmt.Errorf("slot %s on %s: %w", name, r.cfg.Alias, err)
 		}
 		return nil
 	})
 	each(primaries, func(ctx context.Context, r *replica) error {
-		if err := r.dropPublication(ctx, stream); err != nil {
-			return fmt.Errorf("publication %s and snapshot progress of shard %s on %s: %w", PublicationName(stream), r.shard, r.cfg.Alias, err)
+		n := byShard[r.shard]
+		if n.legacy && slotsLeft[r.shard] {
+			return fmt.Errorf("publication %s on %s: kept until the shard's slots are dropped (its record tells that those slots of a stream made before tags are this one's)", n.pub, r.cfg.Alias)
+		}
+		if err := r.dropPublication(ctx, n, stream); err != nil {
+			return fmt.Errorf("publication %s and snapshot progress of shard %s on %s: %w", n.pub, r.shard, r.cfg.Alias, err)
 		}
 		return nil
 	})
@@ -548,6 +742,37 @@ func (s *Source) DeleteStream(ctx context.Context, stream string) error {
 	}
 	slices.SortFunc(left, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return &leftError{stream: stream, left: left}
+}
+
+// namesToDrop are the names whose objects DeleteStream drops on a shard:
+// those its primary finds (or, when it does not answer, a standby that
+// does). Legacy names are dropped only once the stream has claimed them:
+// when the primary is down and their record names no stream, the tagged
+// names are dropped, and the error says the legacy ones are left.
+func (s *Source) namesToDrop(ctx context.Context, sh *shard, stream string) (names, error) {
+	for _, r := range append([]*replica{s.primary(sh)}, sh.replicas...) {
+		f, err := r.find(ctx, stream)
+		if err != nil {
+			continue
+		}
+		if !f.names.legacy || f.meta.Stream == stream {
+			return f.names, nil
+		}
+		f, ours, err := s.claim(ctx, sh, f)
+		if err != nil {
+			return tagged(stream), fmt.Errorf("slots and publication %s of a stream made before tags, on shard %s: whose they are is recorded on the primary: %w", f.names.pub, sh.id, err)
+		}
+		if ours {
+			return f.names, nil
+		}
+		return tagged(stream), nil
+	}
+	return tagged(stream), nil
+}
+
+func (s *Source) shardByID(id string) *shard {
+	sh, _ := s.shardOf(id)
+	return sh
 }
 
 // dropTimeout bounds dropping a stream's objects on one server, so that one
@@ -585,14 +810,14 @@ func (r *replica) dropStreamSlot(ctx context.Context, name string) error {
 	return dropSlot(ctx, pool, name)
 }
 
-// dropPublication drops the stream's publication and its snapshot progress
-// rows for the replica's shard on it (a primary).
-func (r *replica) dropPublication(ctx context.Context, stream string) error {
+// dropPublication drops the stream's publication (n) and its snapshot
+// progress rows for the replica's shard on it (a primary).
+func (r *replica) dropPublication(ctx context.Context, n names, stream string) error {
 	pool, err := r.poolOf()
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{PublicationName(stream)}.Sanitize()); err != nil {
+	if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{n.pub}.Sanitize()); err != nil {
 		return err
 	}
 	for _, table := range []string{progressTable, deliveredTable} {

@@ -47,12 +47,12 @@ func (e *publicationError) Unwrap() error { return errPublication }
 // it publishes them all. A table counts as published when the publication
 // names it, its schema or all tables (a partitioned table named in a
 // publication is listed by its partitions in pg_publication_tables).
-func (r *replica) publicationLacks(ctx context.Context, stream string, tables []string) (*publicationError, error) {
+func (r *replica) publicationLacks(ctx context.Context, n names, tables []string) (*publicationError, error) {
 	pool, err := r.poolOf()
 	if err != nil {
 		return nil, err
 	}
-	pub := PublicationName(stream)
+	pub := n.pub
 	var insert, update, del, truncate bool
 	var unpublished []string
 	err = pool.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
@@ -99,15 +99,15 @@ func (r *replica) publicationLacks(ctx context.Context, stream string, tables []
 // before they were followed: it is made to publish them, on the primary,
 // and the reader starts. Truncates the log holds from before that change
 // were not published and are not delivered (docs/sources/postgres.md).
-func (r *Reader) checkPublication(ctx context.Context, stream string) error {
+func (r *Reader) checkPublication(ctx context.Context, n names) error {
 	tables := r.src.cfg.Tables
-	lacks, err := r.rep.publicationLacks(ctx, stream, tables)
+	lacks, err := r.rep.publicationLacks(ctx, n, tables)
 	if err != nil || lacks == nil {
 		return err
 	}
 	prim := r.src.primary(r.sh)
 	if r.rep != prim {
-		primLacks, err := prim.publicationLacks(ctx, stream, tables)
+		primLacks, err := prim.publicationLacks(ctx, n, tables)
 		switch {
 		case err != nil:
 			return fmt.Errorf("%s; the primary could not be asked whether it does: %w", strings.TrimPrefix(lacks.Error(), errPublication.Error()+": "), err)
@@ -119,7 +119,7 @@ func (r *Reader) checkPublication(ctx context.Context, stream string) error {
 	if !lacks.onlyTruncates() {
 		return lacks
 	}
-	return prim.publishTruncates(ctx, stream)
+	return prim.publishTruncates(ctx, n)
 }
 
 // onlyTruncates: the publication exists and lacks nothing but truncates.
@@ -129,12 +129,12 @@ func (e *publicationError) onlyTruncates() bool {
 
 // publishTruncates makes the stream's publication publish truncates too,
 // as EnsureStream makes it today.
-func (r *replica) publishTruncates(ctx context.Context, stream string) error {
+func (r *replica) publishTruncates(ctx context.Context, n names) error {
 	pool, err := r.poolOf()
 	if err != nil {
 		return err
 	}
-	pub := PublicationName(stream)
+	pub := n.pub
 	if _, err := pool.Exec(ctx, `ALTER PUBLICATION `+pgx.Identifier{pub}.Sanitize()+` SET (publish = '`+publishedOps+`')`); err != nil {
 		return fmt.Errorf("make publication %s on %s publish truncates: %w", pub, r.cfg.Alias, err)
 	}

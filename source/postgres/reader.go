@@ -48,6 +48,8 @@ type Reader struct {
 	rep *replica
 
 	stream string
+	// names: the stream's publication and slots, as start found them.
+	names names
 	// mu serialises the connection's use, and guards conn, acked and
 	// lastStatus, between the reader's caller and its keeper (keep), which
 	// answers the server while no read runs; stopKeep stops the keeper.
@@ -243,22 +245,24 @@ func (r *Reader) Close() error {
 // that the replica can serve from (its timeline, then its slot), and
 // starts replication at it.
 func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoint) error {
-	if err := r.checkPublication(ctx, stream); err != nil {
+	f, err := r.find(ctx, stream)
+	if err != nil {
 		return err
 	}
-	meta, err := r.meta(ctx, stream)
-	if err != nil {
+	n, meta := f.names, f.meta
+	r.names = n
+	if err := r.checkPublication(ctx, n); err != nil {
 		return err
 	}
 	conn, err := r.rep.replConn(ctx, appName(stream, r.sh.id))
 	if err != nil {
 		return err
 	}
-	from, confirmed, err := r.servable(ctx, conn, stream, from, meta.Timeline)
+	from, confirmed, err := r.servable(ctx, conn, n, from, meta.Timeline)
 	if err == nil {
-		err = pglogrepl.StartReplication(ctx, conn, SlotName(stream, r.sh.id), pglogrepl.LSN(from.Term), pglogrepl.StartReplicationOptions{
+		err = pglogrepl.StartReplication(ctx, conn, n.slot(r.sh.id), pglogrepl.LSN(from.Term), pglogrepl.StartReplicationOptions{
 			Mode: pglogrepl.LogicalReplication,
-			PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(PublicationName(stream)),
+			PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(n.pub),
 				"messages 'true'"},
 		})
 	}
@@ -319,15 +323,36 @@ func (r *Reader) keep(ctx context.Context, conn *pgconn.PgConn, interval time.Du
 	}
 }
 
-// meta is the stream's record as the replica has it (the catalog is
-// replicated), or the primary's when the replica has not replayed it yet
-// (the primary writes it last, after every slot).
-func (r *Reader) meta(ctx context.Context, stream string) (streamMeta, error) {
-	meta, _, err := r.rep.readMeta(ctx, stream)
-	if primary := r.src.primary(r.sh); err == nil && meta.Start == 0 && r.rep != primary {
-		meta, _, err = primary.readMeta(ctx, stream)
+// find finds the stream's names and record as the replica has them (the
+// catalog is replicated), or as the primary does when the replica has not
+// replayed the record yet (the primary writes it last, after every slot),
+// or has legacy names this stream has not claimed (the primary may have
+// the stream's tagged publication, or another stream's claim, that the
+// replica has not replayed yet). A stream made before tags is claimed
+// (best effort: a primary that is down leaves it for a later start).
+func (r *Reader) find(ctx context.Context, stream string) (found, error) {
+	f, err := r.rep.find(ctx, stream)
+	if err != nil {
+		return f, err
 	}
-	return meta, err
+	if prim := r.src.primary(r.sh); r.rep != prim && (!f.exists || f.meta.Start == 0 || f.names.legacy && f.meta.Stream != stream) {
+		pf, err := prim.find(ctx, stream)
+		switch {
+		case err == nil:
+			f = pf
+		case !f.exists || f.meta.Start == 0:
+			return f, err
+		}
+	}
+	if f.names.legacy && f.meta.Stream != stream {
+		// Another stream's, it gives this one's tagged names (not
+		// there); a primary that cannot be asked leaves the claim to a
+		// later start.
+		if cf, _, err := r.src.claim(ctx, r.sh, f); err == nil {
+			f = cf
+		}
+	}
+	return f, nil
 }
 
 // servable returns where to start the replica's slot for from (from
@@ -338,15 +363,15 @@ func (r *Reader) meta(ctx context.Context, stream string) (streamMeta, error) {
 // slot is missing, invalidated or past from. conn is the replica's
 // replication connection, on which IDENTIFY_SYSTEM tells the server's
 // timeline (on a standby, the one it replays).
-func (r *Reader) servable(ctx context.Context, conn *pgconn.PgConn, stream string, from source.Checkpoint, tli int32) (source.Checkpoint, pglogrepl.LSN, error) {
+func (r *Reader) servable(ctx context.Context, conn *pgconn.PgConn, n names, from source.Checkpoint, tli int32) (source.Checkpoint, pglogrepl.LSN, error) {
+	stream, name := n.stream, n.slot(r.sh.id)
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
 		return from, 0, fmt.Errorf("identify system on %s: %w", r.rep.cfg.Alias, err)
 	}
 	if tli != 0 && sys.Timeline != tli {
-		return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, &timelineError{alias: r.rep.cfg.Alias, server: sys.Timeline, stream: tli})
+		return from, 0, r.src.unservable(ctx, name, r.sh, from, tli, &timelineError{alias: r.rep.cfg.Alias, server: sys.Timeline, stream: tli})
 	}
-	name := SlotName(stream, r.sh.id)
 	row, err := r.rep.slot(ctx, name)
 	if err != nil {
 		return from, 0, err
@@ -354,20 +379,20 @@ func (r *Reader) servable(ctx context.Context, conn *pgconn.PgConn, stream strin
 	switch {
 	case !row.exists:
 		// Re-create it now: it serves once the checkpoint passes its start.
-		if _, err := r.src.ensureSlot(ctx, stream, r.sh, r.rep); err != nil {
-			return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s; re-creating it failed: %v)", errSlotMissing, r.rep.cfg.Alias, err))
+		if _, err := r.src.ensureSlot(ctx, name, r.sh, r.rep); err != nil {
+			return from, 0, r.src.unservable(ctx, name, r.sh, from, tli, fmt.Errorf("%w (%s; re-creating it failed: %v)", errSlotMissing, r.rep.cfg.Alias, err))
 		}
-		return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s; re-created, usable once the checkpoint passes its start)", errSlotMissing, r.rep.cfg.Alias))
+		return from, 0, r.src.unservable(ctx, name, r.sh, from, tli, fmt.Errorf("%w (%s; re-created, usable once the checkpoint passes its start)", errSlotMissing, r.rep.cfg.Alias))
 	case row.invalidated != "":
 		// An invalidated slot never serves again: make a new one, which
 		// serves once the checkpoint passes its start.
 		cause := fmt.Errorf("%w (%s: %s)", errSlotInvalidated, r.rep.cfg.Alias, row.invalidated)
-		if err := r.src.recreateSlot(ctx, stream, r.sh, r.rep); err != nil {
+		if err := r.src.recreateSlot(ctx, name, r.sh, r.rep); err != nil {
 			cause = fmt.Errorf("%w; re-creating it failed: %v", cause, err)
 		}
-		return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, cause)
+		return from, 0, r.src.unservable(ctx, name, r.sh, from, tli, cause)
 	case !from.IsZero() && uint64(row.confirmed) > from.Term:
-		return from, 0, r.src.unservable(ctx, stream, r.sh, from, tli, fmt.Errorf("%w (%s: slot at %s, checkpoint at %s)",
+		return from, 0, r.src.unservable(ctx, name, r.sh, from, tli, fmt.Errorf("%w (%s: slot at %s, checkpoint at %s)",
 			errSlotAhead, r.rep.cfg.Alias, row.confirmed, pglogrepl.LSN(from.Term)))
 	case row.activePID != nil:
 		if err := r.freeSlot(ctx, name, stream); err != nil {
@@ -413,11 +438,11 @@ func (r *Reader) freeSlot(ctx context.Context, name, stream string) error {
 }
 
 // unservable returns cause, or errExpired when every replica of the shard
-// answered and none can serve from (no slot, an invalidated one, one past
-// the checkpoint, or a server on another timeline than tli, the stream's):
-// the history the tablet needs is gone. The error names the timeline.
-func (s *Source) unservable(ctx context.Context, stream string, sh *shard, from source.Checkpoint, tli int32, cause error) error {
-	name := SlotName(stream, sh.id)
+// answered and none can serve from with the stream's slot (name): no
+// slot, an invalidated one, one past the checkpoint, or a server on
+// another timeline than tli, the stream's. The history the tablet needs is
+// then gone. The error names the timeline.
+func (s *Source) unservable(ctx context.Context, name string, sh *shard, from source.Checkpoint, tli int32, cause error) error {
 	var elsewhere []string // replicas whose slot could serve, on another timeline
 	for _, r := range sh.replicas {
 		row, err := r.slot(ctx, name)
@@ -625,11 +650,19 @@ func (r *Reader) SlotStats(ctx context.Context, stream string) (source.SlotStats
 	if err != nil {
 		return source.SlotStats{}, err
 	}
+	n := r.names
+	if n.stream != stream || n.pub == "" {
+		f, err := r.find(ctx, stream)
+		if err != nil {
+			return source.SlotStats{}, err
+		}
+		n = f.names
+	}
 	var st source.SlotStats
 	err = pool.QueryRow(ctx, `SELECT COALESCE((CASE WHEN pg_is_in_recovery()
 			THEN GREATEST(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) ELSE pg_current_wal_lsn() END
 			- confirmed_flush_lsn)::bigint, 0), COALESCE(safe_wal_size, -1)
-		FROM pg_replication_slots WHERE slot_name = $1`, SlotName(stream, r.sh.id)).Scan(&st.LagBytes, &st.SafeWALBytes)
+		FROM pg_replication_slots WHERE slot_name = $1`, n.slot(r.sh.id)).Scan(&st.LagBytes, &st.SafeWALBytes)
 	if err != nil {
 		return st, fmt.Errorf("slot of %s on %s: %w", stream, r.rep.cfg.Alias, err)
 	}
@@ -649,7 +682,10 @@ func (r *Reader) sendStatus() error {
 // up to lsn (never back, never one in use), best effort: a slot left
 // behind only pins WAL, and a reader of it checks its position anyway.
 func (r *Reader) advanceOthers(ctx context.Context, stream string, lsn pglogrepl.LSN) {
-	name := SlotName(stream, r.sh.id)
+	if r.names.stream != stream || r.names.pub == "" {
+		return // names not known: its readers check their slots anyway
+	}
+	name := r.names.slot(r.sh.id)
 	for _, o := range r.sh.replicas {
 		if o == r.rep {
 			continue

@@ -293,7 +293,7 @@ func (r *Reader) snapTables(ctx context.Context, stream string) ([]snapTable, er
 	}
 	rows, err := pool.Query(ctx, `SELECT c.oid, n.nspname, c.relname FROM pg_publication_tables p
 		JOIN pg_namespace n ON n.nspname = p.schemaname JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
-		WHERE p.pubname = $1 ORDER BY 2, 3`, PublicationName(stream))
+		WHERE p.pubname = $1 ORDER BY 2, 3`, r.names.pub)
 	if err != nil {
 		return nil, fmt.Errorf("published tables: %w", err)
 	}
