@@ -1,0 +1,282 @@
+package vitess
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	binlogdatapb "vitess.io/vitess/go/vt/proto/binlogdata"
+
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// decoder turns one shard's VStream events, in the order a vttablet sends
+// them, into whole transactions of records. It is pure: no I/O, no clock.
+//
+// A vttablet sends a transaction as BEGIN, FIELD (a table's columns, the
+// first time the stream meets it and after its schema changed), ROW
+// events, GTID (the shard's position after the transaction) and COMMIT,
+// possibly over several responses; a transaction whose rows are all of
+// other tables still comes as BEGIN, GTID, COMMIT. A DDL or another
+// statement comes as GTID then DDL or OTHER, a stream started at the
+// current position first says where that is (GTID, OTHER), and an idle
+// stream sends a HEARTBEAT about every second.
+type decoder struct {
+	shard string
+	// last is the latest position handed out or to be (the checkpoint a
+	// read started from, then each transaction's): every later one must
+	// be after it.
+	last   source.Checkpoint
+	tables map[string]*table
+	open   *txn
+	// gtid is the position the last GTID event gave.
+	gtid string
+	// ready are transactions received whole, in order; idle is a position
+	// after all of them with no transaction open (one that delivered no
+	// records, a DDL, the start position), to which an empty read
+	// advances.
+	ready []whole
+	idle  source.Checkpoint
+	// beat: the last event was a HEARTBEAT (the vttablet had nothing to
+	// send for about a second).
+	beat bool
+}
+
+// txn is a transaction being received.
+type txn struct {
+	records []source.Record
+}
+
+// whole is a transaction received to its commit: its records, numbered,
+// and the checkpoint at its end.
+type whole struct {
+	cp      source.Checkpoint
+	records []source.Record
+}
+
+func newDecoder(shard string, from source.Checkpoint) *decoder {
+	return &decoder{shard: shard, last: from, tables: map[string]*table{}}
+}
+
+// add takes the events of one VStream response.
+func (d *decoder) add(events []*binlogdatapb.VEvent) error {
+	for _, ev := range events {
+		if err := d.event(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *decoder) event(ev *binlogdatapb.VEvent) error {
+	d.beat = false
+	switch ev.Type {
+	case binlogdatapb.VEventType_BEGIN:
+		if d.open != nil && len(d.open.records) > 0 {
+			return fmt.Errorf("BEGIN inside an open transaction of shard %s", d.shard)
+		}
+		d.open = &txn{}
+	case binlogdatapb.VEventType_FIELD:
+		t, err := tableOf(ev.FieldEvent)
+		if err != nil {
+			return err
+		}
+		if !ev.FieldEvent.IsInternalTable {
+			d.tables[t.name] = t
+		}
+	case binlogdatapb.VEventType_ROW:
+		return d.row(ev)
+	case binlogdatapb.VEventType_GTID:
+		if ev.Gtid == "" {
+			return fmt.Errorf("GTID event without a position on shard %s", d.shard)
+		}
+		d.gtid = ev.Gtid
+	case binlogdatapb.VEventType_COMMIT:
+		return d.commit(ev)
+	case binlogdatapb.VEventType_ROLLBACK:
+		d.open = nil
+	case binlogdatapb.VEventType_DDL, binlogdatapb.VEventType_OTHER:
+		// A statement outside any transaction (the position before it came
+		// in a GTID event): the shard is at a new position.
+		if d.open == nil || len(d.open.records) == 0 {
+			d.open = nil
+			return d.advance()
+		}
+	case binlogdatapb.VEventType_HEARTBEAT:
+		d.beat = true
+	case binlogdatapb.VEventType_JOURNAL:
+		return journalError(d.shard, ev.Journal)
+	case binlogdatapb.VEventType_INSERT, binlogdatapb.VEventType_UPDATE, binlogdatapb.VEventType_DELETE,
+		binlogdatapb.VEventType_REPLACE:
+		return newError(source.Fatal, "STATEMENT_BINLOG",
+			"shard %s sent a statement-based change (%s): the stream needs row-based binary logs (binlog_format=ROW)", d.shard, ev.Type)
+	}
+	// VGTID, LASTPK, COPY_COMPLETED, VERSION, SAVEPOINT, ROWS_QUERY,
+	// PREVIOUS_GTIDS, SET: nothing to deliver.
+	return nil
+}
+
+// row adds a ROW event's changes to the open transaction as records.
+func (d *decoder) row(ev *binlogdatapb.VEvent) error {
+	re := ev.RowEvent
+	if re == nil {
+		return fmt.Errorf("ROW event without rows on shard %s", d.shard)
+	}
+	if re.IsInternalTable {
+		return nil
+	}
+	if d.open == nil {
+		return fmt.Errorf("ROW event of %s outside a transaction on shard %s", re.TableName, d.shard)
+	}
+	t := d.tables[re.TableName]
+	if t == nil {
+		return fmt.Errorf("ROW event of %s before its FIELD event on shard %s", re.TableName, d.shard)
+	}
+	for _, rc := range re.RowChanges {
+		if rc.JsonPartialValues != nil && slices.ContainsFunc(rc.JsonPartialValues.Cols, func(b byte) bool { return b != 0 }) {
+			return newError(source.Fatal, "PARTIAL_JSON",
+				"a change of %s holds a partial JSON update (binlog_row_value_options=PARTIAL_JSON): the stream needs whole values", t.name)
+		}
+		rec := source.Record{Tablet: d.shard, Table: t.name}
+		var err error
+		switch {
+		case rc.Before == nil && rc.After != nil:
+			rec.Op = source.Insert
+		case rc.Before != nil && rc.After != nil:
+			rec.Op = source.Update
+		case rc.Before != nil:
+			rec.Op = source.Delete
+		default:
+			return fmt.Errorf("change of %s with neither a before nor an after image on shard %s", t.name, d.shard)
+		}
+		if rc.Before != nil {
+			if rec.Before, err = t.rowJSON(rc.Before, nil, nil); err != nil {
+				return err
+			}
+		}
+		keyFrom, present := rc.Before, (*binlogdatapb.RowChange_Bitmap)(nil)
+		if rc.After != nil {
+			if rec.After, err = t.rowJSON(rc.After, rc.DataColumns, nil); err != nil {
+				return err
+			}
+			keyFrom, present = rc.After, rc.DataColumns
+		}
+		// The key of the row as it is after the change (before a delete):
+		// an update that changes the key has the old one in before.
+		if rec.Key, err = t.rowJSON(keyFrom, present, t.pk); err != nil {
+			return err
+		}
+		d.open.records = append(d.open.records, rec)
+	}
+	return nil
+}
+
+// commit ends the open transaction at the last GTID event's position.
+func (d *decoder) commit(ev *binlogdatapb.VEvent) error {
+	open := d.open
+	d.open = nil
+	if open == nil || len(open.records) == 0 {
+		return d.advance()
+	}
+	if d.gtid == "" {
+		return fmt.Errorf("COMMIT without a GTID position on shard %s", d.shard)
+	}
+	cp, err := d.next(uint64(len(open.records)))
+	if err != nil {
+		return err
+	}
+	at := time.Unix(ev.Timestamp, 0).UTC()
+	for i := range open.records {
+		r := &open.records[i]
+		r.Position = source.Checkpoint{Term: cp.Term, Index: uint64(i + 1)}
+		r.CommitTime = at
+	}
+	d.ready = append(d.ready, whole{cp: cp, records: open.records})
+	d.idle = source.Checkpoint{}
+	return nil
+}
+
+// advance makes the last GTID event's position the idle position, when it
+// is past everything handed out or ready.
+func (d *decoder) advance() error {
+	if d.gtid == "" {
+		return nil
+	}
+	c, err := count(d.gtid)
+	if err != nil {
+		return err
+	}
+	if c <= d.last.Term {
+		return nil // where the read started, or a statement with no transaction of its own
+	}
+	cp, err := d.next(0)
+	if err != nil {
+		return err
+	}
+	d.idle = cp
+	return nil
+}
+
+// next is the checkpoint at the last GTID event's position after n
+// records, which must be after every one before it.
+func (d *decoder) next(n uint64) (source.Checkpoint, error) {
+	cp, err := checkpointAt(d.gtid, n)
+	if err != nil {
+		return source.Checkpoint{}, newError(source.Fatal, "BAD_POSITION", "shard %s: %v", d.shard, err)
+	}
+	if cp.Term <= d.last.Term {
+		return source.Checkpoint{}, newError(source.Fatal, "POSITION_ORDER",
+			"shard %s: a transaction at %s comes after %s, whose position holds as many transactions or more: the vttablets' GTID histories differ",
+			d.shard, cp.Opaque, d.last)
+	}
+	d.last = cp
+	return cp, nil
+}
+
+// journalError is what a JOURNAL event means for the stream: the shard's
+// traffic was switched by a Reshard or MoveTables. Following it (the
+// tablet splits into the new shards, each from the journal's position) is
+// not done yet: the tablet fails, naming where each new shard starts.
+func journalError(shard string, j *binlogdatapb.Journal) error {
+	var to []string
+	for _, sg := range j.GetShardGtids() {
+		to = append(to, sg.GetKeyspace()+"/"+sg.GetShard()+" at "+sg.GetGtid())
+	}
+	kind := "a Reshard"
+	if j.GetMigrationType() == binlogdatapb.MigrationType_TABLES {
+		kind = "a MoveTables"
+	}
+	return newError(source.Fatal, "RESHARDED",
+		"shard %s ended: %s switched its traffic (journal %d) to %s; following a resharding is not supported yet: start a new stream",
+		shard, kind, j.GetId(), strings.Join(to, ", "))
+}
+
+// take returns up to max records of whole transactions (one larger than
+// max comes whole, alone) and the checkpoint after them; none ready: the
+// idle position if there is one, else from.
+func (d *decoder) take(max int, from source.Checkpoint) ([]source.Record, source.Checkpoint) {
+	var out []source.Record
+	cp := from
+	for len(d.ready) > 0 && (len(out) == 0 || len(out)+len(d.ready[0].records) <= max) {
+		t := d.ready[0]
+		d.ready = d.ready[1:]
+		out = append(out, t.records...)
+		cp = t.cp
+	}
+	// The idle position is after every transaction received whole and
+	// before any still open.
+	if len(d.ready) == 0 && d.idle.Compare(cp) > 0 {
+		cp, d.idle = d.idle, source.Checkpoint{}
+	}
+	return out, cp
+}
+
+// records counts the records ready.
+func (d *decoder) records() int {
+	n := 0
+	for _, t := range d.ready {
+		n += len(t.records)
+	}
+	return n
+}
