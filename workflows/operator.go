@@ -212,6 +212,17 @@ func pauseResume(kind string) operatorCommand {
 		if len(ids) == 0 {
 			ids = s.live()
 		}
+		// The intent is kept (changeOperatorIntents): a tablet that
+		// starts or restarts later gets it with its start, and one whose
+		// report contradicts it is told again.
+		switch {
+		case kind == CmdPause:
+			s.setPaused(true, ids...)
+		case len(req.Tablets) == 0:
+			s.st.Paused = nil
+		default:
+			s.setPaused(false, ids...)
+		}
 		s.tell(ctx, ids, TabletCommand{Kind: kind})
 		return nil
 	}
@@ -254,7 +265,7 @@ func (s *stream) retry(ctx workflow.Context, raw json.RawMessage, apply bool) er
 			Records: old.Records, Batches: old.Batches, Restarts: old.Restarts, Seq: old.Seq, Reason: "retried by the operator"}
 		s.st.Tablets[id] = row
 		s.startChildren(ctx, []childStart{{id: id, start: old.Start, retry: true,
-			state: &TabletState{Status: *row, Checkpoint: old.Checkpoint, Intents: true}}})
+			state: &TabletState{Status: *row, Checkpoint: old.Checkpoint, Intents: true, Pause: s.intentOf(id).pause}}})
 	}
 	return nil
 }
@@ -349,7 +360,9 @@ const fanOutWave = 500
 
 // tell signals a command to tablets, in waves; a tablet whose workflow has
 // closed is skipped (its last report says why, or the stream's reconcile
-// restarts it with the operator's intents).
+// restarts it with the operator's intents), and so is one whose start the
+// stream has not heard of yet (changeOperatorIntents: it is told what it
+// is owed once it runs, see onStarted).
 func (s *stream) tell(ctx workflow.Context, ids []string, cmd TabletCommand) {
 	s.tellEach(ctx, ids, func(string) TabletCommand { return cmd })
 }
@@ -359,6 +372,9 @@ func (s *stream) tellEach(ctx workflow.Context, ids []string, cmdOf func(id stri
 	wave := len(ids)
 	if s.durable() {
 		wave = fanOutWave
+	}
+	if len(s.pending) > 0 {
+		ids = slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return s.pending[id] != nil })
 	}
 	for len(ids) > 0 {
 		n := min(wave, len(ids))

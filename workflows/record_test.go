@@ -17,6 +17,7 @@ import (
 	historypb "go.temporal.io/api/history/v1"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
@@ -119,6 +120,27 @@ func TestRecordScriptedHistories(t *testing.T) {
 		r.record(stream, "stream-bounded-commands-stopped")
 	})
 
+	// changeOperatorIntents: a stream started with its tablet's start
+	// heard of in its loop; a pause, then a report contradicting it
+	// (the tablet streaming, sent here as the tablet's own), which has
+	// the stream tell the pause again; a resume; then a stop.
+	t.Run("operator-intents", func(t *testing.T) {
+		const stream = "intents"
+		tab := workflows.TabletWorkflowID(stream, "t-0001")
+		r.start(stream)
+		r.waitTablet(tab, "Streaming", func(st workflows.TabletStatus) bool { return st.State == workflows.Streaming })
+		r.signal(stream, workflows.CmdPause, `{"tablets": ["t-0001"]}`)
+		r.waitStream(stream, "t-0001 Paused", func(st workflows.StreamStatus) bool { return st.Tablets[0].State == workflows.Paused })
+		contradicting, err := json.Marshal(workflows.TabletStatus{ID: "t-0001", State: workflows.Streaming, Replica: recordAlias, Updated: time.Now()})
+		require.NoError(t, err)
+		r.signal(stream, workflows.SignalTabletReport, string(contradicting))
+		r.waitTablet(tab, "the pause told again", func(workflows.TabletStatus) bool { return r.pausesTold(tab) == 2 })
+		r.signal(stream, workflows.CmdResume, `{"tablets": ["t-0001"]}`)
+		r.waitTablet(tab, "Streaming again", func(st workflows.TabletStatus) bool { return st.State == workflows.Streaming })
+		r.stop(stream)
+		r.record(stream, "stream-operator-intents-stopped")
+	})
+
 	// changeRetryAfterClose: the operator retries a tablet that reported
 	// Failed while its workflow has not closed yet; the stream starts its
 	// new workflow once the old one closed; then the stream stops.
@@ -147,6 +169,26 @@ type recorder struct {
 	c     client.Client
 	dir   string
 	queue string
+}
+
+// pausesTold counts the pause commands in a tablet workflow's history.
+func (r *recorder) pausesTold(id string) int {
+	r.t.Helper()
+	it := r.c.GetWorkflowHistory(context.Background(), id, "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	n := 0
+	for it.HasNext() {
+		ev, err := it.Next()
+		require.NoError(r.t, err)
+		a := ev.GetWorkflowExecutionSignaledEventAttributes()
+		if a.GetSignalName() != workflows.SignalTabletCommand {
+			continue
+		}
+		var cmd workflows.TabletCommand
+		if err := converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &cmd); err == nil && cmd.Kind == workflows.CmdPause {
+			n++
+		}
+	}
+	return n
 }
 
 // recordConfig is the config of every recorded stream: the scripted

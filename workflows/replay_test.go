@@ -99,6 +99,10 @@ var recorded = map[string]recording{
 	// reported Failed but not closed, its new workflow started once the
 	// old one closed, then a stop (from TestRecordScriptedHistories).
 	"stream-retry-after-close-stopped.json": {"retryclose", "80417b7c7351b487a705de89d0152c1351991328688127d866bdb9ab0b493fbc"},
+	// changeOperatorIntents: a stream that heard of its tablet's start in
+	// its loop, told a pause again after a report contradicting it, then
+	// a resume and a stop (from TestRecordScriptedHistories).
+	"stream-operator-intents-stopped.json": {"intents", "2375b5c72e895c49e2a7f67fcfbfde1c6e34d42d997d778d66d0eb698b6b30cc"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -54,6 +54,7 @@ func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamStat
 		}
 	}
 	s.applyTunables()
+	s.deriveIntents()
 	s.log = log.With(workflow.GetLogger(ctx), "stream", s.id)
 	return s.run(ctx)
 }
@@ -104,6 +105,16 @@ type stream struct {
 	// and the operator exclude list.
 	memo        map[string]int
 	memoExclude []string
+	// intents: tablets are told their operator's intents as they start
+	// and after a contradicting report (changeOperatorIntents); nil until
+	// asked. pending are the tablet workflows asked to start whose start
+	// the loop has not heard of (from starts); owed and owedTunables, the
+	// tablets to tell their intent, or the tunables, at the next flush.
+	intents      *bool
+	pending      map[string]*pendingStart
+	starts       workflow.Channel
+	owed         map[string]bool
+	owedTunables map[string]bool
 }
 
 // durable reports whether this run has the durability changes (see
@@ -207,8 +218,9 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 	var exclusionEnds expiryTimer
 	topology := workflow.NewChannel(ctx)
 	var next workflow.Future // the timer to the next topology read; nil while one runs
-	s.readTopology(ctx, actx, topology)
 	s.loopCtx, s.retried = ctx, workflow.NewChannel(ctx)
+	s.pending, s.starts = map[string]*pendingStart{}, workflow.NewChannel(ctx)
+	s.readTopology(ctx, actx, topology)
 	s.checkRetried() // tablets retried in an earlier run that still wait
 	for {
 		if err := ctx.Err(); err != nil {
@@ -247,7 +259,17 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 			c.Receive(ctx, &closed)
 			s.restartRetried(ctx, closed)
 		})
+		sel.AddReceive(s.starts, func(c workflow.ReceiveChannel, _ bool) {
+			var r startResult
+			c.Receive(ctx, &r)
+			s.onStarted(ctx, r)
+		})
 		sel.Select(ctx)
+		if !sel.HasPending() {
+			// What the tablets are owed goes out once the commands, reports
+			// and starts already here are handled, in one fan-out.
+			s.flushOwed(ctx)
+		}
 		// With more reports or commands already waiting, the details wait
 		// for the last of them: 64 tablets reporting in one workflow task
 		// made 64 memo updates (each an event and a visibility write).
@@ -360,7 +382,11 @@ func (s *stream) settle(ctx workflow.Context) error {
 		if err := workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) }); err != nil {
 			return err
 		}
-		if !s.drain(ctx) {
+		// The tablet workflows asked to start, and what tablets are owed
+		// (changeOperatorIntents), before the run ends.
+		started := s.awaitStarts(ctx)
+		told := s.flushOwed(ctx)
+		if !s.drain(ctx) && !started && !told {
 			return nil
 		}
 	}
@@ -429,6 +455,11 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 	s.st.Tablets[r.ID] = &r
 	if r.State == Split && (prev == nil || prev.State != Split) && s.st.Stop == nil {
 		s.startTablets(ctx, r.Children, r.Handoff, nil)
+	}
+	if s.intentOf(r.ID).contradictedBy(r.State) && s.keepsIntents(ctx) {
+		// The command was lost on its way, or came before the tablet
+		// could take it: told again (changeOperatorIntents).
+		s.owe(r.ID)
 	}
 }
 
@@ -512,54 +543,74 @@ type childStart struct {
 }
 
 // startChildren starts TabletWorkflows whose rows s.st.Tablets already
-// holds, and waits until each has started (or failed to).
+// holds. With changeOperatorIntents it only asks for the starts, and the
+// loop hears of each (onStarted) while it goes on taking commands and
+// reports; before it, it waits until each has started (or failed to).
 func (s *stream) startChildren(ctx workflow.Context, children []childStart) {
-	type started struct {
-		childStart
-		fut workflow.ChildWorkflowFuture
+	if len(children) == 0 {
+		return
 	}
-	var futs []started
+	if s.launches(ctx) {
+		s.launch(children)
+		return
+	}
+	var futs []workflow.ChildWorkflowFuture
 	total := len(s.st.Tablets)
 	s.started += len(children)
 	for _, c := range children {
-		state, replica := Starting, ""
-		if c.first != nil {
-			state, replica = Streaming, c.first.Replica.Alias
-		}
-		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
-			WorkflowID:        TabletWorkflowID(s.id, c.id),
-			ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
-			StaticSummary:     fmt.Sprintf("tablet %s of stream %s", c.id, s.id),
-			TypedSearchAttributes: temporal.NewSearchAttributes(
-				SAStream.ValueSet(s.id), SATablet.ValueSet(c.id), SAState.ValueSet(string(state)), SAReplica.ValueSet(replica)),
-		})
-		fut := workflow.ExecuteChildWorkflow(cctx, TabletWorkflow, TabletInput{
-			Stream: s.id, Tablet: c.id, Config: s.cfg, Start: c.start, Tablets: total, Retention: s.st.Retention,
-			Exclude: s.exclusions(workflow.Now(ctx)), First: c.first,
-		}, c.state)
-		futs = append(futs, started{c, fut})
+		futs = append(futs, s.executeChild(ctx, c, total))
 	}
-	for _, f := range futs {
+	for i, f := range futs {
 		var exec workflow.Execution
-		err := f.fut.GetChildWorkflowExecution().Get(ctx, &exec)
-		switch {
-		case err == nil:
-			s.log.Info("tablet workflow started", "tablet", f.id, "workflowID", exec.ID)
-			if row := s.st.Tablets[f.id]; f.first != nil && row.State == Starting {
-				// Started on the replica picked for it, which it reads now
-				// (its reports, if any came meanwhile, are handled after).
-				row.State = Streaming
-			}
-		case temporal.IsWorkflowExecutionAlreadyStartedError(err) && f.retry && s.retryAfterClose(ctx):
-			// The Failed tablet's previous workflow has not closed yet.
-			s.log.Info("the retried tablet's previous workflow still runs; its new one starts once it closed", "tablet", f.id)
-			s.waitForClose(f.id)
-		case temporal.IsWorkflowExecutionAlreadyStartedError(err):
-			s.log.Info("adopting the running tablet workflow", "tablet", f.id)
-		default:
-			s.st.Tablets[f.id].State = Failed
-			s.st.Tablets[f.id].Reason = clip("tablet workflow did not start: " + err.Error())
+		err := f.GetChildWorkflowExecution().Get(ctx, &exec)
+		s.afterStart(ctx, children[i], err)
+	}
+}
+
+// executeChild asks for one TabletWorkflow's start; total is the
+// stream's number of tablets, which paces the tablet's reports.
+func (s *stream) executeChild(ctx workflow.Context, c childStart, total int) workflow.ChildWorkflowFuture {
+	state, replica := Starting, ""
+	if c.first != nil {
+		state, replica = Streaming, c.first.Replica.Alias
+	}
+	cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
+		WorkflowID:        TabletWorkflowID(s.id, c.id),
+		ParentClosePolicy: enumspb.PARENT_CLOSE_POLICY_ABANDON,
+		StaticSummary:     fmt.Sprintf("tablet %s of stream %s", c.id, s.id),
+		TypedSearchAttributes: temporal.NewSearchAttributes(
+			SAStream.ValueSet(s.id), SATablet.ValueSet(c.id), SAState.ValueSet(string(state)), SAReplica.ValueSet(replica)),
+	})
+	return workflow.ExecuteChildWorkflow(cctx, TabletWorkflow, TabletInput{
+		Stream: s.id, Tablet: c.id, Config: s.cfg, Start: c.start, Tablets: total, Retention: s.st.Retention,
+		Exclude: s.exclusions(workflow.Now(ctx)), First: c.first,
+	}, c.state)
+}
+
+// afterStart applies how a tablet workflow's start went; it reports
+// whether a workflow of the tablet runs now (started, or adopted).
+func (s *stream) afterStart(ctx workflow.Context, c childStart, err error) bool {
+	switch {
+	case err == nil:
+		s.log.Info("tablet workflow started", "tablet", c.id, "workflowID", TabletWorkflowID(s.id, c.id))
+		if row := s.st.Tablets[c.id]; c.first != nil && row.State == Starting {
+			// Started on the replica picked for it, which it reads now
+			// (its reports, if any came meanwhile, are handled after).
+			row.State = Streaming
 		}
+		return true
+	case temporal.IsWorkflowExecutionAlreadyStartedError(err) && c.retry && s.retryAfterClose(ctx):
+		// The Failed tablet's previous workflow has not closed yet.
+		s.log.Info("the retried tablet's previous workflow still runs; its new one starts once it closed", "tablet", c.id)
+		s.waitForClose(c.id)
+		return false
+	case temporal.IsWorkflowExecutionAlreadyStartedError(err):
+		s.log.Info("adopting the running tablet workflow", "tablet", c.id)
+		return true
+	default:
+		s.st.Tablets[c.id].State = Failed
+		s.st.Tablets[c.id].Reason = clip("tablet workflow did not start: " + err.Error())
+		return false
 	}
 }
 

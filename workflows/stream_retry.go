@@ -86,10 +86,16 @@ func (s *stream) restartRetried(ctx workflow.Context, closed []activities.Closed
 			row.Records, row.Batches = max(row.Records, final.Records), max(row.Batches, final.Batches)
 			row.Seq = max(row.Seq, final.Seq)
 		}
+		if s.st.Stop != nil && s.keepsIntents(ctx) {
+			// A stopping stream starts no tablet workflow
+			// (changeOperatorIntents).
+			row.State, row.Reason, row.Updated = Stopped, "stopped by the operator before its retry started", workflow.Now(ctx)
+			continue
+		}
 		row.Reason, row.Updated = "retried by the operator", workflow.Now(ctx)
 		s.log.Info("the retried tablet's previous workflow closed; starting its new one", "tablet", c.Tablet, "checkpoint", row.Checkpoint)
 		starts = append(starts, childStart{id: c.Tablet, start: row.Start, retry: true,
-			state: &TabletState{Status: *row, Checkpoint: row.Checkpoint, Intents: true, Stop: s.st.Stop != nil}})
+			state: &TabletState{Status: *row, Checkpoint: row.Checkpoint, Intents: true, Stop: s.st.Stop != nil, Pause: s.intentOf(c.Tablet).pause}})
 	}
 	s.startChildren(ctx, starts)
 }

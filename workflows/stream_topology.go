@@ -120,6 +120,9 @@ func unmendable(err error) bool {
 func (s *stream) running() []activities.TabletRef {
 	var refs []activities.TabletRef
 	for _, id := range s.live() {
+		if s.pending[id] != nil {
+			continue // its start is under way
+		}
 		refs = append(refs, activities.TabletRef{Tablet: id, WorkflowID: TabletWorkflowID(s.id, id)})
 	}
 	return refs
@@ -255,6 +258,9 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 		if prev == nil || terminal(prev.State) {
 			continue // its terminal report came meanwhile
 		}
+		if s.pending[c.Tablet] != nil {
+			continue // started again since it was found closed
+		}
 		if slices.Contains(s.st.Retried, c.Tablet) {
 			// Retried while its previous workflow was closing: the
 			// retry starts its new one (changeRetryAfterClose).
@@ -292,7 +298,19 @@ func (s *stream) reconcile(ctx workflow.Context, closed []activities.ClosedTable
 		if final != nil {
 			row.Checkpoint = source.Max(row.Checkpoint, final.Checkpoint)
 		}
-		paused := prev.State == Paused
+		if s.st.Stop != nil && s.keepsIntents(ctx) {
+			// A stopping stream starts no tablet workflow: the tablet's
+			// last commit is where it stopped (changeOperatorIntents).
+			row.State, row.Updated = Stopped, workflow.Now(ctx)
+			row.Reason = fmt.Sprintf("stopped by the operator: its workflow had closed (%s) without a terminal report", c.Status)
+			s.log.Warn("tablet workflow closed without a terminal report while the stream stops; stopped where it was", "tablet", c.Tablet, "closed", c.Status)
+			s.st.Tablets[c.Tablet] = &row
+			continue
+		}
+		// Restarted with the operator's intents: kept by the stream, not
+		// the state the row last showed (a resume sent to a paused tablet
+		// whose workflow had closed was lost so).
+		paused := s.intentOf(c.Tablet).pause
 		row.State, row.Restarts = Starting, max(prev.Restarts, row.Restarts)+1
 		row.Reason = fmt.Sprintf("restarted from its checkpoint: its workflow closed (%s) without a terminal report", c.Status)
 		row.Updated = workflow.Now(ctx)

@@ -139,6 +139,12 @@ type StreamState struct {
 	Stop *StopRequest `json:"stop,omitempty"`
 	// Topology is set while the topology cannot be read.
 	Topology *TopologyTrouble `json:"topology,omitempty"`
+	// Paused are the tablets the operator paused and has not resumed,
+	// sorted; Intents says they are carried (a state from before has
+	// them derived from the rows that say Paused). With Stop, what the
+	// operator asked of each tablet (changeOperatorIntents).
+	Paused  []string `json:"paused,omitempty"`
+	Intents bool     `json:"intents,omitempty"`
 	// Retried are the tablets the operator retried while their previous
 	// workflow had not closed yet: each new workflow starts once the old
 	// one has closed (changeRetryAfterClose).

@@ -154,4 +154,20 @@ const (
 	// tablet's new workflow. Asked for only when a retry finds the
 	// tablet's previous workflow still running.
 	changeRetryAfterClose = "retry-after-close"
+
+	// changeOperatorIntents: the stream keeps what the operator asked of
+	// each tablet (stop, pause, resume) in its state and sees it carried
+	// out. It asks for its tablet workflows' starts without waiting for
+	// them, taking commands and reports meanwhile, and tells a tablet
+	// what it was asked since its input was made once its workflow runs
+	// (a signal to one not started yet failed, and the command was lost:
+	// a stop sent while 533 of 600 tablets were still starting waited for
+	// a topology refresh); it tells a tablet again when a report
+	// contradicts its intent; it sends no command to a tablet whose start
+	// it has not heard of; and a stopping stream starts no tablet
+	// workflow (a tablet that closed without a terminal report is
+	// Stopped where it was). Asked for at the first tablet start, the
+	// first contradicting report or the first closed tablet found while
+	// stopping, whichever comes first.
+	changeOperatorIntents = "operator-intents"
 )

@@ -1,0 +1,225 @@
+package vitess
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	binlogdatapb "vitess.io/vitess/go/vt/proto/binlogdata"
+	querypb "vitess.io/vitess/go/vt/proto/query"
+
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// linger: once a read has records, how long it waits in all for more
+// already on their way before it returns.
+const linger = 20 * time.Millisecond
+
+// events is how many VStream responses (each up to a packet of about
+// 250 KB) wait between the stream and the reader.
+const events = 16
+
+// Reader reads one shard from one vttablet with that tablet's own
+// VStream. It keeps the stream between GetChanges calls that go on where
+// the last one ended, and opens a new one at the requested checkpoint
+// otherwise. It is not safe for concurrent use; Close ends the stream.
+type Reader struct {
+	src *Source
+	rep source.Replica
+
+	vs  *vstream
+	dec *decoder
+	// pos: everything up to it was returned by GetChanges (the checkpoint
+	// the next call goes on from).
+	pos source.Checkpoint
+}
+
+var _ source.ReplicaReader = (*Reader)(nil)
+
+// vstream is an open VStream and the goroutine receiving it.
+type vstream struct {
+	cancel context.CancelFunc
+	events chan []*binlogdatapb.VEvent
+	done   chan struct{}
+	err    error // why it ended; read once done is closed
+	tablet source.Replica
+	from   string
+}
+
+// GetChanges returns whole transactions after req.From, up to MaxRecords
+// records (one transaction larger than that comes whole), waiting up to
+// MaxWait for the first. With nothing to return it may still advance the
+// checkpoint, to the position of a transaction that delivered no records
+// or of a DDL. A zero From starts the shard at the vttablet's current
+// position, which the first read returns at once.
+func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (source.Batch, error) {
+	if req.Tablet != r.rep.Tablet {
+		return source.Batch{}, fmt.Errorf("%w: reader of shard %s asked for %q", source.ErrUnknownTablet, r.rep.Tablet, req.Tablet)
+	}
+	if r.vs == nil || (!req.From.IsZero() && req.From != r.pos) {
+		r.Close()
+		if err := r.open(ctx, req.From); err != nil {
+			return source.Batch{}, err
+		}
+	}
+	pollCtx, cancelPoll := context.WithTimeout(ctx, req.MaxWait)
+	defer cancelPoll()
+	wait := pollCtx.Done()
+	var lingerEnds <-chan time.Time
+	for {
+		n := r.dec.records()
+		if n >= req.MaxRecords || r.pos.IsZero() && r.dec.idle.Compare(r.pos) > 0 {
+			break // enough, or a new stream's start, returned at once
+		}
+		if n > 0 && lingerEnds == nil {
+			t := time.NewTimer(linger)
+			defer t.Stop()
+			lingerEnds = t.C
+		}
+		var timedOut bool
+		select {
+		case evs, ok := <-r.vs.events:
+			if !ok {
+				<-r.vs.done
+				err := r.failed(ctx, r.vs)
+				r.Close()
+				return source.Batch{}, err
+			}
+			if err := r.dec.add(evs); err != nil {
+				r.Close()
+				return source.Batch{}, fmt.Errorf("shard %s from %s: %w", r.rep.Tablet, r.rep.Alias, err)
+			}
+		case <-lingerEnds:
+			timedOut = true
+		case <-wait:
+			timedOut = true
+		}
+		if ctx.Err() != nil {
+			return source.Batch{}, ctx.Err() // nothing taken: a later read returns it
+		}
+		if timedOut {
+			break
+		}
+	}
+	recs, cp := r.dec.take(req.MaxRecords, r.pos)
+	r.pos = cp
+	return source.Batch{Records: recs, Checkpoint: cp, CaughtUp: len(r.dec.ready) == 0 && len(recs) < req.MaxRecords}, nil
+}
+
+// open starts a VStream on the vttablet at from (zero: "current", its
+// position now), of the stream's tables. The tablet's type is taken from
+// the latest listing: a tablet answers only a target of its type now.
+func (r *Reader) open(ctx context.Context, from source.Checkpoint) error {
+	pos := "current"
+	if !from.IsZero() {
+		var err error
+		if pos, err = positionOf(from); err != nil {
+			return err
+		}
+	}
+	rep := r.src.current(ctx, r.rep)
+	if rep.Address == "" {
+		return status.Errorf(codes.Unavailable, "vttablet %s of shard %s: %v", rep.Alias, rep.Tablet, errNoAddress)
+	}
+	vs, err := r.src.vstream(rep, pos)
+	if err != nil {
+		return err
+	}
+	r.vs, r.dec, r.pos = vs, newDecoder(rep.Tablet, from), from
+	return nil
+}
+
+// vstream opens a VStream on a vttablet from a position ("current" or a
+// GTID position) and starts receiving it.
+func (s *Source) vstream(rep source.Replica, pos string) (*vstream, error) {
+	q, err := s.query(rep.Address)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	stream, err := q.VStream(sctx, &binlogdatapb.VStreamRequest{
+		Target:   &querypb.Target{Keyspace: s.cfg.Keyspace, Shard: rep.Tablet, TabletType: vitessType(rep.Type)},
+		Position: pos,
+		Filter:   filter(s.cfg.Tables),
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("vstream of shard %s from %s at %s: %w", rep.Tablet, rep.Alias, pos, err)
+	}
+	vs := &vstream{cancel: cancel, events: make(chan []*binlogdatapb.VEvent, events), done: make(chan struct{}), tablet: rep, from: pos}
+	go func() {
+		defer close(vs.done)
+		defer close(vs.events)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				vs.err = err
+				return
+			}
+			select {
+			case vs.events <- resp.GetEvents():
+			case <-sctx.Done():
+				vs.err = sctx.Err()
+				return
+			}
+		}
+	}()
+	return vs, nil
+}
+
+// close ends the stream and waits for its goroutine.
+func (vs *vstream) close() {
+	vs.cancel()
+	// Drained, so that the goroutine, blocked on a full channel, ends.
+	for range vs.events {
+	}
+	<-vs.done
+}
+
+// failed is the error a stream ended with, as the reader returns it: a
+// vttablet that purged the binary logs holding the position (which reads
+// elsewhere) is Expired when no other vttablet of the shard has them
+// either.
+func (r *Reader) failed(ctx context.Context, vs *vstream) error {
+	err := fmt.Errorf("vstream of shard %s from %s at %s: %w", vs.tablet.Tablet, vs.tablet.Alias, vs.from, vs.err)
+	if Classify(vs.err).Reason != "BINLOG_PURGED" || vs.from == "current" {
+		return err
+	}
+	if gone, why := r.src.historyGone(ctx, vs.tablet, vs.from); gone {
+		return newError(source.Expired, "HISTORY_GONE", "no vttablet of shard %s holds position %s any more: %s (%v)",
+			vs.tablet.Tablet, vs.from, why, vs.err)
+	}
+	return err
+}
+
+// Ack has nothing to tell: Vitess keeps no position for a stream.
+func (r *Reader) Ack(context.Context, string, string, source.Checkpoint) error { return nil }
+
+// Close ends the stream.
+func (r *Reader) Close() error {
+	if r.vs != nil {
+		r.vs.close()
+		r.vs = nil
+	}
+	r.dec = nil
+	return nil
+}
+
+// filter selects the stream's tables, every column (no tables: every
+// table of the keyspace). A rule whose match is a regular expression
+// (between slashes) with no filter of its own passes whole rows.
+func filter(tables []string) *binlogdatapb.Filter {
+	match := "/.*/"
+	if len(tables) > 0 {
+		quoted := make([]string, len(tables))
+		for i, t := range tables {
+			quoted[i] = regexp.QuoteMeta(t)
+		}
+		match = "/^(" + strings.Join(quoted, "|") + ")$/"
+	}
+	return &binlogdatapb.Filter{Rules: []*binlogdatapb.Rule{{Match: match}}}
+}
