@@ -98,9 +98,14 @@ func (d *decoder) event(ev *binlogdatapb.VEvent) error {
 		d.open = nil
 	case binlogdatapb.VEventType_DDL, binlogdatapb.VEventType_OTHER:
 		// A statement outside any transaction (the position before it came
-		// in a GTID event): the shard is at a new position.
+		// in a GTID event): the shard is at a new position. A TRUNCATE of
+		// a streamed table (a vttablet sends a DDL only for those) is a
+		// record of its own.
 		if d.open == nil || len(d.open.records) == 0 {
 			d.open = nil
+			if table, ok := truncated(ev.Statement); ok && ev.Type == binlogdatapb.VEventType_DDL {
+				return d.truncate(table, ev.Timestamp)
+			}
 			return d.advance()
 		}
 	case binlogdatapb.VEventType_HEARTBEAT:
@@ -195,6 +200,46 @@ func (d *decoder) commit(ev *binlogdatapb.VEvent) error {
 	d.ready = append(d.ready, whole{cp: cp, records: open.records})
 	d.idle = source.Checkpoint{}
 	return nil
+}
+
+// truncate makes a TRUNCATE of table a transaction of one record at the
+// last GTID event's position.
+func (d *decoder) truncate(table string, ts int64) error {
+	if d.gtid == "" {
+		return fmt.Errorf("TRUNCATE of %s without a GTID position on shard %s", table, d.shard)
+	}
+	cp, err := d.next(1)
+	if err != nil {
+		return err
+	}
+	rec := source.Record{Tablet: d.shard, Position: source.Checkpoint{Term: cp.Term, Index: 1}, CommitTime: time.Unix(ts, 0).UTC(),
+		Table: table, Op: source.Truncate}
+	d.ready = append(d.ready, whole{cp: cp, records: []source.Record{rec}})
+	d.idle = source.Checkpoint{}
+	return nil
+}
+
+// truncated returns the table a TRUNCATE statement empties ("truncate
+// table `customer`", "TRUNCATE commerce.customer"), without its
+// database.
+func truncated(stmt string) (string, bool) {
+	f := strings.Fields(stmt)
+	if len(f) < 2 || !strings.EqualFold(f[0], "truncate") {
+		return "", false
+	}
+	name := f[1]
+	if strings.EqualFold(name, "table") {
+		if len(f) < 3 {
+			return "", false
+		}
+		name = f[2]
+	}
+	name = strings.TrimRight(name, ";")
+	if i := strings.LastIndex(name, "."); i >= 0 {
+		name = name[i+1:]
+	}
+	name = strings.Trim(name, "`")
+	return name, name != ""
 }
 
 // advance makes the last GTID event's position the idle position, when it

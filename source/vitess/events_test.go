@@ -322,3 +322,26 @@ func TestATableWithoutAPrimaryKeyHasAnEmptyKey(t *testing.T) {
 	require.Len(t, recs, 1)
 	requireJSON(t, `{}`, recs[0].Key)
 }
+
+func TestATruncateOfAStreamedTableIsARecordOfItsOwn(t *testing.T) {
+	from := source.Checkpoint{Term: 20, Index: 2, Opaque: "MariaDB/0-1-20"}
+	d := newDecoder("-80", from)
+	require.NoError(t, d.add([]*binlogdatapb.VEvent{gtid("MariaDB/0-1-21"),
+		{Type: binlogdatapb.VEventType_DDL, Statement: "truncate table `customer`", Timestamp: 1_800_000_005}}))
+	recs, cp := d.take(100, from)
+	require.Equal(t, "21.1@MariaDB/0-1-21", cp.String())
+	require.Equal(t, []source.Record{{Tablet: "-80", Position: source.Checkpoint{Term: 21, Index: 1},
+		CommitTime: time.Unix(1_800_000_005, 0).UTC(), Table: "customer", Op: source.Truncate}}, recs)
+
+	for stmt, want := range map[string]string{
+		"TRUNCATE commerce.corder": "corder", "truncate TABLE `vt_commerce`.`corder`;": "corder", "Truncate t1": "t1",
+	} {
+		got, ok := truncated(stmt)
+		require.True(t, ok, stmt)
+		require.Equal(t, want, got, stmt)
+	}
+	for _, stmt := range []string{"alter table customer add column x int", "truncate", "truncate table", "create table truncate (x int)"} {
+		_, ok := truncated(stmt)
+		require.False(t, ok, stmt)
+	}
+}
