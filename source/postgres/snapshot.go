@@ -198,27 +198,35 @@ func ensureProgressTable(ctx context.Context, r *replica) error {
 
 // openSnapshot resumes (or begins) a shard's copy: after the last acked
 // chunk. It returns nil when the stream has no snapshot (meta, the
-// stream's record, as Reader.meta reads it: a standby that has not
+// stream's record, as Reader.find reads it: a standby that has not
 // replayed the record yet asks the primary, or it would take the stream
 // for one without a copy and skip it for good) or its copy is complete.
+// The progress is the primary's; a standby's replayed copy of it that
+// says the copy is complete is enough (a copy never becomes incomplete
+// again), so a complete stream reads from a standby with the primary down.
 func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMeta) (*snapshot, error) {
 	if !meta.Snapshot {
 		return nil, nil
+	}
+	if r.rep != r.src.primary(r.sh) {
+		pool, err := r.rep.poolOf()
+		if err != nil {
+			return nil, err
+		}
+		if p, err := readProgress(ctx, pool, stream, r.sh.id); err == nil && p.allDone {
+			return nil, nil
+		}
 	}
 	prim, err := r.src.primary(r.sh).poolOf()
 	if err != nil {
 		return nil, err
 	}
-	var tbl string
-	var last []string
-	var tableDone, allDone bool
-	err = prim.QueryRow(ctx, `SELECT tbl, last_key, table_done, all_done FROM `+progressTable+`
-		WHERE stream = $1 AND shard = $2 AND acked ORDER BY low_lsn DESC LIMIT 1`,
-		stream, r.sh.id).Scan(&tbl, &last, &tableDone, &allDone)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	p, err := readProgress(ctx, prim, stream, r.sh.id)
+	if err != nil {
 		return nil, fmt.Errorf("snapshot progress of shard %s: %w", r.sh.id, err)
 	}
-	if allDone {
+	tbl, last, tableDone := p.tbl, p.last, p.tableDone
+	if p.allDone {
 		return nil, nil
 	}
 	snap := &snapshot{}
@@ -246,6 +254,26 @@ func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMet
 	}
 	snap.unsaved = false
 	return snap, nil
+}
+
+// progress is a shard's copy as its last acked chunk left it.
+type progress struct {
+	tbl                string
+	last               []string
+	tableDone, allDone bool
+}
+
+// readProgress reads a shard's progress on a server: the primary, or a
+// standby's replayed copy. No chunk acked yet: the zero progress.
+func readProgress(ctx context.Context, pool *pgxpool.Pool, stream, shard string) (progress, error) {
+	var p progress
+	err := pool.QueryRow(ctx, `SELECT tbl, last_key, table_done, all_done FROM `+progressTable+`
+		WHERE stream = $1 AND shard = $2 AND acked ORDER BY low_lsn DESC LIMIT 1`,
+		stream, shard).Scan(&p.tbl, &p.last, &p.tableDone, &p.allDone)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return progress{}, nil
+	}
+	return p, err
 }
 
 // saveDelivered records the transactions the change log delivered during
