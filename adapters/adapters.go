@@ -20,6 +20,7 @@ import (
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/postgres"
 	"github.com/tabletflow/tabletflow/source/tabletd"
+	"github.com/tabletflow/tabletflow/source/vitess"
 )
 
 // Sources and Sinks are every kind this build has.
@@ -27,6 +28,7 @@ var (
 	Sources = []source.Adapter{
 		tabletd.Adapter,
 		postgres.Adapter,
+		vitess.Adapter,
 	}
 	Sinks = []sink.Adapter{
 		jsonl.Adapter,

@@ -69,7 +69,7 @@ func TestDecodeRejectsBadPostgresSourcesNamingTheField(t *testing.T) {
 		{name: "tls on postgres", in: edit(`"kind": "postgres",`, `"kind": "postgres", "tls": {"ca": "/ca.pem"},`), wantPrefix: "source.tls: unknown field"},
 		{name: "shards on tabletd", in: `{"source": {"kind": "tabletd", "address": "h:1", "keyspace": "k", "shards": [{"id": "s1", "replicas": []}]}, "sink": {"kind": "jsonl", "path": "/x"}}`,
 			wantPrefix: "source.shards: unknown field"},
-		{name: "unknown kind", in: edit(`"kind": "postgres"`, `"kind": "mysql"`), wantPrefix: `source.kind: "mysql": want "postgres" or "tabletd"`},
+		{name: "unknown kind", in: edit(`"kind": "postgres"`, `"kind": "mysql"`), wantPrefix: `source.kind: "mysql": want "postgres" or "tabletd" or "vitess"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { requireRejected(t, tt.in, tt.wantPrefix) })
@@ -155,7 +155,7 @@ func TestDecodeRejectsBadTabletdAndJSONLSectionsNamingTheField(t *testing.T) {
 	}{
 		// A source kind the worker has no adapter for.
 		{name: "unknown source kind", in: `{"source": {"kind": "kafka", "address": "a:1", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
-			wantPrefix: `source.kind: "kafka": want "postgres" or "tabletd"`},
+			wantPrefix: `source.kind: "kafka": want "postgres" or "tabletd" or "vitess"`},
 		// The topology address is required.
 		{name: "missing source address", in: `{"source": {"kind": "tabletd", "keyspace": "k"}, "sink": {"kind": "jsonl", "path": "/x"}}`,
 			wantPrefix: "source.address:"},
