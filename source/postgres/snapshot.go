@@ -311,15 +311,15 @@ func (r *Reader) saveDelivered(ctx context.Context, stream string) error {
 	return nil
 }
 
-// snapTables lists the stream's published tables with their columns, as
-// the replica's catalog has them. A table without a primary key cannot be
-// copied in chunks.
+// snapTables lists the stream's published tables with the columns it
+// publishes (pgoutput's: no generated ones), as the replica's catalog has
+// them. A table without a primary key cannot be copied in chunks.
 func (r *Reader) snapTables(ctx context.Context, stream string) ([]snapTable, error) {
 	pool, err := r.rep.poolOf()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := pool.Query(ctx, `SELECT c.oid, n.nspname, c.relname FROM pg_publication_tables p
+	rows, err := pool.Query(ctx, `SELECT c.oid, n.nspname, c.relname, p.attnames::text[] FROM pg_publication_tables p
 		JOIN pg_namespace n ON n.nspname = p.schemaname JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
 		WHERE p.pubname = $1 ORDER BY 2, 3`, r.names.pub)
 	if err != nil {
@@ -328,11 +328,12 @@ func (r *Reader) snapTables(ctx context.Context, stream string) ([]snapTable, er
 	type tab struct {
 		oid          uint32
 		schema, name string
+		published    []string // the columns pgoutput sends
 	}
 	var tabs []tab
 	for rows.Next() {
 		var t tab
-		if err := rows.Scan(&t.oid, &t.schema, &t.name); err != nil {
+		if err := rows.Scan(&t.oid, &t.schema, &t.name, &t.published); err != nil {
 			return nil, err
 		}
 		tabs = append(tabs, t)
@@ -344,8 +345,12 @@ func (r *Reader) snapTables(ctx context.Context, stream string) ([]snapTable, er
 	for _, t := range tabs {
 		st := snapTable{name: t.schema + "." + t.name, ident: pgx.Identifier{t.schema, t.name}.Sanitize()}
 		m := &pglogrepl.RelationMessage{RelationID: t.oid, Namespace: t.schema, RelationName: t.name}
+		// The columns the publication publishes, as pgoutput sends them:
+		// generated ones left out (from 18 a stored one is in when the
+		// publication says publish_generated_columns = stored), and only
+		// a column list's when the publication gives one.
 		cols, err := pool.Query(ctx, `SELECT attname, atttypid, format_type(atttypid, atttypmod) FROM pg_attribute
-			WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, t.oid)
+			WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attname::text = ANY($2) ORDER BY attnum`, t.oid, t.published)
 		if err != nil {
 			return nil, err
 		}
