@@ -19,6 +19,12 @@ import (
 // already on their way before it returns.
 const linger = 20 * time.Millisecond
 
+// silence: a stream that brought nothing, not even a heartbeat, for this
+// long is taken for lost (a vttablet sends a heartbeat about every second
+// while it has nothing else to send), so that a vttablet that hangs is
+// retried and left like one that is down (a variable for tests).
+var silence = 10 * time.Second
+
 // events is how many VStream responses (each up to a packet of about
 // 250 KB) wait between the stream and the reader.
 const events = 16
@@ -48,6 +54,8 @@ type vstream struct {
 	err    error // why it ended; read once done is closed
 	tablet source.Replica
 	from   string
+	// heard is when the reader last received a response (or opened it).
+	heard time.Time
 }
 
 // GetChanges returns whole transactions after req.From, up to MaxRecords
@@ -89,6 +97,7 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 				r.Close()
 				return source.Batch{}, err
 			}
+			r.vs.heard = time.Now()
 			if err := r.dec.add(evs); err != nil {
 				r.Close()
 				return source.Batch{}, fmt.Errorf("shard %s from %s: %w", r.rep.Tablet, r.rep.Alias, err)
@@ -104,6 +113,12 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 		if timedOut {
 			break
 		}
+	}
+	if quiet := time.Since(r.vs.heard); quiet > silence {
+		vs := r.vs
+		r.Close()
+		return source.Batch{}, status.Errorf(codes.Unavailable, "vstream of shard %s from %s at %s: nothing received for %s, not even a heartbeat",
+			vs.tablet.Tablet, vs.tablet.Alias, vs.from, quiet.Round(time.Second))
 	}
 	recs, cp := r.dec.take(req.MaxRecords, r.pos)
 	r.pos = cp
@@ -150,7 +165,7 @@ func (s *Source) vstream(rep source.Replica, pos string) (*vstream, error) {
 		cancel()
 		return nil, fmt.Errorf("vstream of shard %s from %s at %s: %w", rep.Tablet, rep.Alias, pos, err)
 	}
-	vs := &vstream{cancel: cancel, events: make(chan []*binlogdatapb.VEvent, events), done: make(chan struct{}), tablet: rep, from: pos}
+	vs := &vstream{cancel: cancel, events: make(chan []*binlogdatapb.VEvent, events), done: make(chan struct{}), tablet: rep, from: pos, heard: time.Now()}
 	go func() {
 		defer close(vs.done)
 		defer close(vs.events)

@@ -2,6 +2,7 @@ package vitess
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -282,4 +283,39 @@ func TestAStreamThatEndsIsAnErrorAndTheNextReadStartsAgainWhereTheLastEnded(t *t
 	reqs = tab.vstreams()
 	require.Len(t, reqs, 3)
 	require.Equal(t, "MariaDB/0-100-8", reqs[2].Position)
+}
+
+func TestAVttabletThatSendsNothingNotEvenHeartbeatsIsTakenForLost(t *testing.T) {
+	defer func(d time.Duration) { silence = d }(silence)
+	silence = 300 * time.Millisecond
+	f := newFakeVitess(t, "0")
+	tab := f.tablet("zone1", 100, "0", replica)
+	beats := true
+	var mu sync.Mutex
+	tab.setVStream(func(_ *binlogdatapb.VStreamRequest, send func(...*binlogdatapb.VEvent) error) error {
+		for {
+			mu.Lock()
+			b := beats
+			mu.Unlock()
+			if b {
+				if err := send(heartbeat()); err != nil {
+					return err
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	s := f.source()
+	rd, _ := s.OpenReplica(context.Background(), replicaOf(t, s, "zone1-0000000100"))
+	defer rd.(*Reader).Close()
+	from := source.Checkpoint{Term: 7, Opaque: "MariaDB/0-100-7"}
+	b, err := read(t, rd, "0", from, time.Second)
+	require.NoError(t, err, "heartbeats: an idle vttablet")
+	require.Equal(t, from, b.Checkpoint)
+	mu.Lock()
+	beats = false // the vttablet hangs
+	mu.Unlock()
+	_, err = read(t, rd, "0", from, time.Second)
+	require.Equal(t, source.Classification{Action: source.RetrySame, Reason: "UNAVAILABLE"}, Classify(err), "%v", err)
+	require.ErrorContains(t, err, "not even a heartbeat")
 }
