@@ -155,15 +155,15 @@ func TestAStreamMadeBeforeNamesWereHashedKeepsThemAndNoOtherStreamTakesThem(t *t
 	pub, slot, start := legacyStream(t, ctx, b, "pg_orders")
 
 	// A worker of the version before reads the old stream on the standby
-	// while this version makes pg_orders.
-	stopOld := oldWorker(t, ctx, sb, old, slot, pub)
+	// while this version makes pg_orders; it dies without closing its
+	// session, which this version's reader of the old stream ends.
+	oldWorker(t, ctx, sb, old, slot, pub)
 	ost, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: other, Tables: pgbed.Tables})
 	require.NoError(t, err)
 	for _, n := range b.c.Shards[0].Nodes() {
 		slots, _ := objects(t, ctx, n)
 		require.Equal(t, sorted([]string{slot, postgres.SlotName(other, "s1")}), sorted(slots), "%s: the new stream has a slot of its own", n.Name)
 	}
-	stopOld()
 
 	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: old, Tables: pgbed.Tables})
 	require.NoError(t, err)
@@ -176,7 +176,7 @@ func TestAStreamMadeBeforeNamesWereHashedKeepsThemAndNoOtherStreamTakesThem(t *t
 	require.NoError(t, b.c.WaitReplayed(ctx))
 	onStandby := b.reader(t, b.cfg.Shards[0].Replicas[1].Alias)
 	first, cp := read(t, onStandby, old, start, 1)
-	require.Len(t, first, 1, "read from the standby's old slot")
+	require.Len(t, first, 1, "read from the standby's old slot, the old worker's session ended")
 	require.NoError(t, onStandby.Close())
 	var comment string
 	require.NoError(t, p.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment))

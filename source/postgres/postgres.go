@@ -378,7 +378,7 @@ func (s *Source) claim(ctx context.Context, sh *shard, f found) (found, bool, er
 }
 
 // heldByAnother names the stream whose session (a reader of the version
-// before tags: application_name tabletflow/<stream>/<shard>) holds one of
+// before tags: application_name oldAppName, tabletflow/<stream>/<shard>) holds one of
 // the legacy slots on a replica of the shard that answers, if that stream
 // is not n's; "" when none is, or the name cannot tell (cut at 63 bytes,
 // or not ASCII: the server rewrites those).

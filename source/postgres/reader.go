@@ -254,7 +254,7 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 	if err := r.checkPublication(ctx, n); err != nil {
 		return err
 	}
-	conn, err := r.rep.replConn(ctx, appName(stream, r.sh.id))
+	conn, err := r.rep.replConn(ctx, n.slot(r.sh.id))
 	if err != nil {
 		return err
 	}
@@ -405,9 +405,13 @@ func (r *Reader) servable(ctx context.Context, conn *pgconn.PgConn, n names, fro
 	return from, row.confirmed, nil
 }
 
-// appName names our replication sessions (pg_stat_replication's
-// application_name): a stale one of ours may be ended by a later reader.
-func appName(stream, shard string) string { return "tabletflow/" + stream + "/" + shard }
+// A reader's replication session is named (application_name) by the slot
+// it reads: unique per stream and shard, ASCII and at most 63 bytes, so
+// the server keeps it as it is (it cuts a longer name and rewrites
+// characters that are not ASCII), and a later reader finds a stale session
+// of ours by it. A worker of a version before named it
+// oldAppName(stream, shard).
+func oldAppName(stream, shard string) string { return "tabletflow/" + stream + "/" + shard }
 
 // freeSlot ends a session of ours that still holds the slot (a worker that
 // died without closing it) and waits for the slot to be free. A slot held
@@ -419,7 +423,7 @@ func (r *Reader) freeSlot(ctx context.Context, name, stream string) error {
 	}
 	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(s.active_pid) FROM pg_replication_slots s
 		JOIN pg_stat_replication a ON a.pid = s.active_pid
-		WHERE s.slot_name = $1 AND a.application_name = $2`, name, appName(stream, r.sh.id)); err != nil {
+		WHERE s.slot_name = $1 AND a.application_name = ANY($2)`, name, []string{name, oldAppName(stream, r.sh.id)}); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(freeSlotWait)
