@@ -143,12 +143,17 @@ func (r *changesRun) headroom() time.Duration {
 	return r.in.Retention - r.a.now().Sub(r.lastSuccess)
 }
 
-// checkReplica gets the stream's source (Fatal if it cannot be built)
-// and, on an attempt after the first, tells the tablet workflow it is
+// checkReplica gets the stream's source (its sections read from the
+// stream when the run names them by reference; Fatal if it cannot be
+// built) and, on an attempt after the first, tells the tablet workflow it is
 // Retrying and retries the same replica as Vitess means it: it first
 // asks the topology about the replica and, if it is down, not serving
 // or unhealthy, fails with ReplicaUnhealthy so the tablet re-selects now.
 func (r *changesRun) checkReplica() error {
+	var err error
+	if r.in.Source, r.in.Sink, err = r.a.sections(r.ctx, r.in.Source, r.in.Sink, r.in.Sections); err != nil {
+		return configUnavailable(err, r.replica.Alias, r.res.Checkpoint)
+	}
 	src, err := r.a.Resources.Source(r.in.Source)
 	if err != nil {
 		return fatalf("%v", err)

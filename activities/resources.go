@@ -36,6 +36,8 @@ type Resources struct {
 	opening singleflight.Group
 	// listing shares topology reads between tablet pickers (see Tablets).
 	listing singleflight.Group
+	// configs are streams' configs read by digest (see Config).
+	configs map[string]config.Stream
 }
 
 // Tablets lists a source's tablets for the tablet picker. Pickers asking

@@ -169,6 +169,9 @@ type SelectReplicaInput struct {
 	Operator         config.ExcludeList `json:"operator,omitempty"`
 	OperatorKnown    bool               `json:"operatorKnown,omitempty"`
 	OperatorFallback bool               `json:"operatorFallback,omitempty"`
+	// Sections, when set, names the stream's config, whose source section
+	// is read instead of Source's (see ConfigRef).
+	Sections *ConfigRef `json:"sections,omitempty"`
 }
 
 // PickerQueryWait (Activities.PickerWait when set) bounds how long the
@@ -195,7 +198,11 @@ type Selection struct {
 // the topology and picks one (package picker). With no eligible replica it
 // returns a NoEligibleReplica error saying why each was skipped.
 func (a *Activities) SelectReplica(ctx context.Context, in SelectReplicaInput) (Selection, error) {
-	src, err := a.Resources.Source(in.Source)
+	section, _, err := a.sections(ctx, in.Source, config.Sink{}, in.Sections)
+	if err != nil {
+		return Selection{}, configUnavailable(err, "", source.Checkpoint{})
+	}
+	src, err := a.Resources.Source(section)
 	if err != nil {
 		return Selection{}, fatalf("%v", err)
 	}

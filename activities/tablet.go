@@ -89,6 +89,10 @@ type GetChangesInput struct {
 	// this run's first commit is news to it: the run signals Streaming
 	// then (SignalProgress), as a retry's first commit does.
 	Recovering bool `json:"recovering,omitempty"`
+	// Sections, when set, names the stream's config, whose source and
+	// sink sections are read instead of Source's and Sink's (see
+	// ConfigRef).
+	Sections *ConfigRef `json:"sections,omitempty"`
 }
 
 // Reroute is what GetChanges needs to pick another replica in place: the

@@ -105,6 +105,8 @@ type stream struct {
 	// and the operator exclude list.
 	memo        map[string]int
 	memoExclude []string
+	// digest is the config's (activities.ConfigDigest), once computed.
+	digest string
 	// intents: tablets are told their operator's intents as they start
 	// and after a contradicting report (changeOperatorIntents); nil until
 	// asked. pending are the tablet workflows asked to start whose start
@@ -136,6 +138,11 @@ func (s *stream) run(ctx workflow.Context) error {
 	if err := workflow.SetQueryHandler(ctx, activities.QueryExclusions, func() (config.ExcludeList, error) {
 		return s.exclusions(workflow.Now(ctx)), nil
 	}); err != nil {
+		return err
+	}
+	// The config as the stream was started with it, for the tablets'
+	// activities whose input names it (activities.ConfigRef).
+	if err := workflow.SetQueryHandler(ctx, activities.QueryConfig, func() (string, error) { return string(s.raw), nil }); err != nil {
 		return err
 	}
 	s.reports = workflow.GetSignalChannel(ctx, SignalTabletReport)
@@ -371,6 +378,7 @@ func (s *stream) continueAsNew(ctx workflow.Context) error {
 	}
 	s.memoCaughtUp(ctx)
 	s.compact()
+	s.fitCarry()
 	return workflow.NewContinueAsNewError(ctx, StreamWorkflow, s.raw, s.st)
 }
 
@@ -425,17 +433,6 @@ func (s *stream) drain(ctx workflow.Context) bool {
 		}
 	}
 	return any
-}
-
-// compact keeps the state carried across continue-as-new small: a tablet
-// that has ended keeps what its status row needs, not its exclusions or
-// errors.
-func (s *stream) compact() {
-	for _, t := range s.st.Tablets {
-		if terminal(t.State) {
-			t.Excluded, t.LastError = nil, ""
-		}
-	}
 }
 
 // onReport records a tablet's report; a split starts the children.
@@ -581,10 +578,41 @@ func (s *stream) executeChild(ctx workflow.Context, c childStart, total int) wor
 		TypedSearchAttributes: temporal.NewSearchAttributes(
 			SAStream.ValueSet(s.id), SATablet.ValueSet(c.id), SAState.ValueSet(string(state)), SAReplica.ValueSet(replica)),
 	})
+	cfg, sections := s.tabletConfig()
 	return workflow.ExecuteChildWorkflow(cctx, TabletWorkflow, TabletInput{
-		Stream: s.id, Tablet: c.id, Config: s.cfg, Start: c.start, Tablets: total, Retention: s.st.Retention,
-		Exclude: s.exclusions(workflow.Now(ctx)), First: c.first,
+		Stream: s.id, Tablet: c.id, Config: cfg, Sections: sections, Start: c.start, Tablets: total, Retention: s.st.Retention,
+		Exclude: s.exclusionsOf(c.id, workflow.Now(ctx)), First: c.first,
 	}, c.state)
+}
+
+// inlineSections bounds the source and sink sections a tablet's input
+// carries as they are; larger ones it names by reference.
+const inlineSections = 4 << 10
+
+// tabletConfig is the stream config as a tablet uses it: the source and
+// sink sections (the kind only, with sections naming them, when together
+// they are over inlineSections), the tunables and the report rate; not
+// the start position, the topology refresh or the operator's initial
+// exclusions. Each tablet's input is in the stream's history, once per
+// tablet.
+func (s *stream) tabletConfig() (config.Stream, *activities.ConfigRef) {
+	c := config.Stream{Source: s.cfg.Source, Sink: s.cfg.Sink, Selection: s.cfg.Selection, Retry: s.cfg.Retry,
+		AutoExcludeTTL: s.cfg.AutoExcludeTTL, Batch: s.cfg.Batch, Run: s.cfg.Run, ReportRate: s.cfg.ReportRate}
+	if len(s.cfg.Source.Spec)+len(s.cfg.Sink.Spec) <= inlineSections {
+		return c, nil
+	}
+	if s.digest == "" {
+		s.digest = activities.ConfigDigest(s.raw)
+	}
+	c.Source = config.Source{Kind: s.cfg.Source.Kind, Tables: s.cfg.Source.Tables}
+	c.Sink = config.Sink{Kind: s.cfg.Sink.Kind}
+	return c, &activities.ConfigRef{Stream: s.id, Digest: s.digest}
+}
+
+// exclusionsOf returns the operator exclusions in force that apply to
+// tablet id: the stream-wide ones and the tablet's own.
+func (s *stream) exclusionsOf(id string, now time.Time) config.ExcludeList {
+	return slices.DeleteFunc(s.exclusions(now), func(e config.Exclusion) bool { return e.Tablet != "" && e.Tablet != id })
 }
 
 // afterStart applies how a tablet workflow's start went; it reports

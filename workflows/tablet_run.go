@@ -31,7 +31,7 @@ func (t *tablet) selectReplica(ctx workflow.Context) (activities.Selection, erro
 	var sel activities.Selection
 	in := activities.SelectReplicaInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: t.in.Config.Source,
-		Selection: t.in.Config.Selection, Exclude: t.liveExclusions(ctx),
+		Selection: t.in.Config.Selection, Exclude: t.liveExclusions(ctx), Sections: t.in.Sections,
 	}
 	// The operator's list the stream started the tablet with is current
 	// for its first selection only (the stream, busy starting every
@@ -101,7 +101,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 	in := activities.GetChangesInput{
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
 		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Start: t.in.Start, Batch: cfg.Batch, RunFor: runFor(cfg.Run.Duration, sel),
-		Retention: t.in.Retention, Recovering: t.st.Failing > 0,
+		Retention: t.in.Retention, Recovering: t.st.Failing > 0, Sections: t.in.Sections,
 	}
 	if t.reroute {
 		// The run itself bounds its time on a fallback (see

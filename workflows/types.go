@@ -151,11 +151,20 @@ type StreamState struct {
 	Retried []string `json:"retried,omitempty"`
 }
 
-// TabletInput starts a TabletWorkflow.
+// TabletInput starts a TabletWorkflow. It carries what the tablet needs,
+// not the whole stream config: see tabletConfig.
 type TabletInput struct {
-	Stream string        `json:"stream"`
-	Tablet string        `json:"tablet"`
+	Stream string `json:"stream"`
+	Tablet string `json:"tablet"`
+	// Config is the stream config as far as the tablet uses it: its
+	// source and sink sections (by kind only when Sections names them),
+	// its tunables and its reportRate.
 	Config config.Stream `json:"config"`
+	// Sections, when set, names the stream's config, whose source and
+	// sink sections the tablet's activities read from the stream
+	// (activities.ConfigRef): a stream's large sections do not ride in
+	// every tablet's input.
+	Sections *activities.ConfigRef `json:"sections,omitempty"`
 	// Start is where the tablet starts: a split's hand-off checkpoint, or
 	// zero for the stream's start position.
 	Start source.Checkpoint `json:"start"`
@@ -165,8 +174,9 @@ type TabletInput struct {
 	// paused before its history expires (0: unknown).
 	Retention time.Duration `json:"retention"`
 	// Exclude is the stream's operator exclude list when the tablet was
-	// started: its first selection uses it instead of querying the stream
-	// (which is busy starting every tablet); later ones read the live list.
+	// started, the entries that apply to the tablet: its first selection
+	// uses it instead of querying the stream (which is busy starting
+	// every tablet); later ones read the live list.
 	Exclude config.ExcludeList `json:"exclude,omitempty"`
 	// First is the replica the stream picked for the tablet's first run
 	// (changeFirstPicks); nil: the tablet selects one itself.

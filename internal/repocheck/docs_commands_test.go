@@ -26,7 +26,7 @@ import (
 // queries.
 func operatorCommands() []string {
 	names := append(slices.Clone(workflows.SignalCommands), workflows.CmdConfigure,
-		workflows.QueryStatus, activities.QueryExclusions)
+		workflows.QueryStatus, activities.QueryExclusions, activities.QueryConfig)
 	slices.Sort(names)
 	return slices.Compact(names)
 }
