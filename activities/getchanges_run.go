@@ -161,7 +161,7 @@ func (r *changesRun) checkReplica() error {
 	r.src = src
 	if r.info.Attempt > 1 {
 		r.sig.send(Progress{State: "Retrying", Attempt: r.info.Attempt, LastError: r.prevError, Replica: r.replica.Alias})
-		if why := replicaTrouble(r.ctx, src, r.in.Tablet, r.replica.Alias); why != "" {
+		if why := r.a.replicaTrouble(r.ctx, src, r.in.Tablet, r.replica.Alias); why != "" {
 			return unhealthy(r.replica.Alias, why, r.res.Checkpoint)
 		}
 	}

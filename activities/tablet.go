@@ -414,11 +414,14 @@ func (a *Activities) logger() *zap.Logger {
 
 // replicaTrouble asks the topology about a replica and returns why it
 // should not be retried ("down", "not serving", "unhealthy"), or "" if it
-// looks fine or the topology cannot tell.
-func replicaTrouble(ctx context.Context, src source.Source, tablet, alias string) string {
+// looks fine or the topology cannot tell. It reads the listing the tablet
+// pickers share (Resources.Tablets): a replica that fails every tablet it
+// serves has all their retries ask at once, and one listing of the
+// keyspace answers them all.
+func (a *Activities) replicaTrouble(ctx context.Context, src source.Source, tablet, alias string) string {
 	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	tablets, err := src.ListTablets(tctx)
+	tablets, err := a.Resources.Tablets(tctx, src)
 	if err != nil {
 		return ""
 	}
