@@ -249,11 +249,13 @@ func (c *Cluster) prepare(context.Context) error {
 	return nil
 }
 
-// extraCnf is added to every tablet's my.cnf (EXTRA_MY_CNF): small and
-// fast rather than durable (a test bed), and super-read-only as a loose
+// extraCnf is added to every tablet's my.cnf (EXTRA_MY_CNF): loopback
+// only, small and fast rather than durable (a test bed), and
+// super-read-only as a loose
 // option: MariaDB has no such variable and refuses unknown options, and
 // Vitess's own test settings name it plainly.
 const extraCnf = `# vitessbed
+bind-address = 127.0.0.1
 innodb_buffer_pool_size = 32M
 innodb_log_buffer_size = 1M
 innodb_log_file_size = 16M
