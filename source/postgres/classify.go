@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -63,17 +64,22 @@ func (e *timelineError) Error() string {
 func (e *timelineError) Unwrap() error { return errTimeline }
 
 // Classify maps an error from the adapter or from PostgreSQL to an action.
-// It reads the adapter's typed errors and SQLSTATE codes; a message text is
-// consulted only where one code covers cases that need different actions
-// (55000, 40001), as the research note's table lists:
+// It reads the adapter's typed errors and SQLSTATE codes, never a message
+// text (which is in the server's lc_messages language). Where one code
+// covers cases that need different actions (55000, 40001: a slot
+// invalidated, or a passing state), the reader tells them apart by the
+// state the server leaves, read from its catalog, and wraps the error in
+// its typed cause (Reader.stated). A server not set up for decoding shows
+// as a slot missing (it cannot be made) or invalidated
+// (wal_level_insufficient).
 //
 //	slot ahead of the checkpoint                 → RetryElsewhere POSITION_MISMATCH
 //	replica on another timeline than the stream's → RetryElsewhere TIMELINE_MISMATCH
 //	slot missing                                 → RetryElsewhere SLOT_MISSING
-//	slot invalidated, 55000 "can no longer …",
-//	40001 "… slot that must be invalidated"      → RetryElsewhere SLOT_INVALIDATED
+//	slot invalidated (by its row; also after a
+//	55000 or 40001 that left it so)              → RetryElsewhere SLOT_INVALIDATED
 //	58P01 WAL segment removed                    → RetryElsewhere WAL_REMOVED
-//	55000 "logical decoding on standby requires", 0A000 → RetryElsewhere NOT_CONFIGURED
+//	0A000 (decoding not possible here)           → RetryElsewhere NOT_CONFIGURED
 //	53300, 53400 (connections, wal senders, slots) → RetryElsewhere NO_CAPACITY
 //	no replica can serve the checkpoint          → Expired
 //	delivered commits still invisible to a snapshot select → RetrySame COMMIT_NOT_VISIBLE
@@ -131,27 +137,19 @@ func Classify(err error) source.Classification {
 	return c(source.RetrySame, "UNKNOWN")
 }
 
-// classifyCode maps a server error by its SQLSTATE.
+// classifyCode maps a server error by its SQLSTATE alone.
 func classifyCode(pg *pgconn.PgError) source.Classification {
 	c := func(a source.Action, reason string) source.Classification {
 		return source.Classification{Action: a, Reason: reason + " (" + pg.Code + ")"}
 	}
-	msg := strings.ToLower(pg.Message)
 	switch pg.Code {
 	case "55006": // object_in_use: the slot is held by another session
 		return c(source.RetrySame, "SLOT_ACTIVE")
-	case "55000": // object_not_in_prerequisite_state
-		switch {
-		case strings.Contains(msg, "can no longer"), strings.Contains(msg, "invalidated"):
-			return c(source.RetryElsewhere, "SLOT_INVALIDATED")
-		case strings.Contains(msg, "logical decoding"), strings.Contains(msg, "wal_level"):
-			return c(source.RetryElsewhere, "NOT_CONFIGURED")
-		}
+	case "55000": // object_not_in_prerequisite_state; a slot invalidated or
+		// a server not set up for decoding comes typed (Reader.stated)
 		return c(source.RetrySame, "NOT_READY")
-	case "40001": // serialization_failure: on a standby, a recovery conflict
-		if strings.Contains(strings.ToLower(pg.Detail), "slot that must be invalidated") {
-			return c(source.RetryElsewhere, "SLOT_INVALIDATED")
-		}
+	case "40001": // serialization_failure: on a standby, a recovery
+		// conflict; one that invalidated the slot comes typed
 		return c(source.RetrySame, "RECOVERY_CONFLICT")
 	case "0A000": // feature_not_supported: decoding not possible here
 		return c(source.RetryElsewhere, "NOT_CONFIGURED")
@@ -175,4 +173,42 @@ func classifyCode(pg *pgconn.PgError) source.Classification {
 		return c(source.RetrySame, "UNAVAILABLE")
 	}
 	return c(source.RetrySame, "SERVER_ERROR")
+}
+
+// stateWait bounds how long Reader.stated looks for the state a server
+// error left: a recovery conflict ends the reader's session first and
+// marks the slot invalidated just after.
+const stateWait = 2 * time.Second
+
+// stated types a server error whose action depends on what the server
+// says in words (55000, 40001; in its lc_messages language) by the state
+// it leaves instead: the reader's slot invalidated (errSlotInvalidated:
+// 55000 "can no longer get changes from replication slot", 40001 "… a
+// logical replication slot that must be invalidated"). Other errors, and
+// ones that leave the slot valid, pass as they are. (A server not set up
+// for decoding shows otherwise: a primary without wal_level logical
+// cannot hold the slot, SLOT_MISSING; a standby whose primary lowered it
+// invalidates the slot, wal_level_insufficient.)
+func (r *Reader) stated(err error) error {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) || pg.Code != "55000" && pg.Code != "40001" || r.names.pub == "" {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stateWait)
+	defer cancel()
+	name := r.names.slot(r.sh.id)
+	for {
+		row, qerr := r.rep.slot(ctx, name)
+		switch {
+		case qerr == nil && row.invalidated != "":
+			return fmt.Errorf("%w (%s: %s): %w", errSlotInvalidated, r.rep.cfg.Alias, row.invalidated, err)
+		case qerr != nil, !row.exists, pg.Code != "40001":
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

@@ -38,11 +38,22 @@ func TestClassifyBySQLStateAndTypedErrors(t *testing.T) {
 		{"bad checkpoint", source.ErrBadCheckpoint, source.Fatal, "BAD_CHECKPOINT"},
 		{"unknown replica", source.ErrUnknownReplica, source.Fatal, "UNKNOWN_REPLICA"},
 		{"55006 slot active", pg("55006", `replication slot "tf_x_s1" is active for PID 42`, ""), source.RetrySame, "SLOT_ACTIVE (55006)"},
-		{"55000 can no longer get changes", pg("55000", `can no longer get changes from replication slot "tf_x_s1"`, ""), source.RetryElsewhere, "SLOT_INVALIDATED (55000)"},
-		{"55000 can no longer access (18)", pg("55000", `can no longer access replication slot "tf_x_s1"`, ""), source.RetryElsewhere, "SLOT_INVALIDATED (55000)"},
-		{"55000 decoding on standby needs wal_level", pg("55000", "logical decoding on standby requires \"wal_level\" >= \"logical\" on the primary", ""), source.RetryElsewhere, "NOT_CONFIGURED (55000)"},
+		// 55000 and 40001 by their codes alone: what the server says in
+		// words is in its lc_messages language. A slot they invalidated
+		// comes typed by the reader, which reads the slot's row
+		// (Reader.stated).
+		{"55000 can no longer get changes, the slot's row read", fmt.Errorf("%w (zone2-s1a: wal_removed): %w", errSlotInvalidated,
+			&pgconn.PgError{Code: "55000", Message: `can no longer get changes from replication slot "tf_x_s1"`}), source.RetryElsewhere, "SLOT_INVALIDATED"},
+		{"55000 in French, the slot's row read", fmt.Errorf("%w (zone2-s1a: wal_removed): %w", errSlotInvalidated,
+			&pgconn.PgError{Code: "55000", Message: `ne peut plus obtenir les modifications à partir du slot de réplication « tf_x_s1 »`}), source.RetryElsewhere, "SLOT_INVALIDATED"},
+		{"40001 slot conflict, the slot's row read", fmt.Errorf("%w (zone2-s1a: rows_removed): %w", errSlotInvalidated,
+			&pgconn.PgError{Code: "40001", Message: "terminating connection due to conflict with recovery", Detail: "User was using a logical replication slot that must be invalidated."}), source.RetryElsewhere, "SLOT_INVALIDATED"},
+		{"55000 can no longer get changes, untyped", pg("55000", `can no longer get changes from replication slot "tf_x_s1"`, ""), source.RetrySame, "NOT_READY (55000)"},
+		{"55000 decoding on standby needs wal_level", pg("55000", "logical decoding on standby requires \"wal_level\" >= \"logical\" on the primary", ""), source.RetrySame, "NOT_READY (55000)"},
 		{"55000 other", pg("55000", "cannot advance replication slot to 0/1, minimum is 0/2", ""), source.RetrySame, "NOT_READY (55000)"},
-		{"40001 slot conflict on a standby", pg("40001", "terminating connection due to conflict with recovery", "User was using a logical replication slot that must be invalidated."), source.RetryElsewhere, "SLOT_INVALIDATED (40001)"},
+		{"55000 in German", pg("55000", `kann keine Änderungen mehr aus Replikations-Slot »tf_x_s1« lesen`, ""), source.RetrySame, "NOT_READY (55000)"},
+		{"40001 slot conflict, untyped", pg("40001", "terminating connection due to conflict with recovery", "User was using a logical replication slot that must be invalidated."), source.RetrySame, "RECOVERY_CONFLICT (40001)"},
+		{"40001 in French", pg("40001", "arrêt de la connexion en raison d'un conflit avec la restauration", "L'utilisateur utilisait un slot de réplication logique qui doit être invalidé."), source.RetrySame, "RECOVERY_CONFLICT (40001)"},
 		{"40001 other recovery conflict", pg("40001", "canceling statement due to conflict with recovery", "User query might have needed to see row versions that must be removed."), source.RetrySame, "RECOVERY_CONFLICT (40001)"},
 		{"0A000 not while in recovery", pg("0A000", "logical replication slot cannot be used while in recovery", ""), source.RetryElsewhere, "NOT_CONFIGURED (0A000)"},
 		// 42704 by its code alone: what went (a slot, the publication) is
@@ -74,6 +85,17 @@ func TestClassifyBySQLStateAndTypedErrors(t *testing.T) {
 			c := Classify(tt.err)
 			require.Equal(t, tt.action, c.Action, "action of %v", tt.err)
 			require.Equal(t, tt.reason, c.Reason)
+			// A server error's text never decides: the same error in
+			// any words is classified the same.
+			var e *pgconn.PgError
+			if errors.As(tt.err, &e) {
+				for _, words := range [][2]string{{"", ""}, {"ein Fehler", "mit Einzelheiten"}, {e.Detail, e.Message}} {
+					saved := *e
+					e.Message, e.Detail, e.Hint = words[0], words[1], words[0]
+					require.Equal(t, c, Classify(tt.err), "%s said %q / %q", e.Code, words[0], words[1])
+					*e = saved
+				}
+			}
 		})
 	}
 	require.Zero(t, Classify(nil))

@@ -112,7 +112,7 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	if r.conn == nil || r.stream != req.Stream || (!req.From.IsZero() && req.From != r.pos) {
 		r.Close()
 		if err := r.start(ctx, req.Stream, req.From); err != nil {
-			return source.Batch{}, err
+			return source.Batch{}, r.stated(err)
 		}
 	}
 	// One context for the wait for the first record, one for the linger
@@ -154,7 +154,7 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 		got, err := r.receive(ctx, rctx)
 		if err != nil {
 			r.Close()
-			return source.Batch{}, err
+			return source.Batch{}, r.stated(err)
 		}
 		if !got && n > 0 {
 			break
