@@ -33,6 +33,18 @@ const (
 	ErrSinkFailed = "SinkFailed"
 )
 
+// ErrRetrySame is the type of GetChanges' retryable errors (a source's
+// retry-same ones): the activity's retry policy retries them on the same
+// replica. They are typed only for their details, which name the replica
+// (the run may have moved in place since its start), so that the replica
+// is charged when the retries run out. Not in NonRetryable.
+const ErrRetrySame = "RetrySame"
+
+// retrySame is err as a retryable ErrRetrySame error with details d.
+func retrySame(err error, d ErrorDetails) error {
+	return temporal.NewApplicationErrorWithOptions(err.Error(), ErrRetrySame, temporal.ApplicationErrorOptions{Cause: err, Details: []any{d}})
+}
+
 // NonRetryable lists the types above, for activity retry policies.
 var NonRetryable = []string{ErrRetryElsewhere, ErrReplicaUnhealthy, ErrTabletSplit, ErrStreamExpired, ErrFatal, ErrFenced, ErrNoEligibleReplica, ErrSinkUnavailable, ErrSinkFailed}
 

@@ -128,10 +128,13 @@ func (r *changesRun) progress(lastError string) Heartbeat {
 }
 
 // fail records err in the heartbeat, so the next attempt can report why
-// this one failed, and returns it.
-func (r *changesRun) fail(err error) error {
+// this one failed, and returns it as a retry-same error (ErrRetrySame)
+// whose details name the replica it failed on, with reason and the
+// committed checkpoint: should the retries run out, the workflow charges
+// that replica.
+func (r *changesRun) fail(err error, reason string) error {
 	r.beat.set(r.progress(err.Error()))
-	return err
+	return retrySame(err, ErrorDetails{Reason: reason, Replica: r.replica.Alias, Checkpoint: r.res.Checkpoint})
 }
 
 // headroom is how much of the source's retention is left since the last
@@ -212,7 +215,7 @@ func (r *changesRun) openSink() (ok bool, err error) {
 func (r *changesRun) startReading() error {
 	cur, err := r.open(r.replica, r.log)
 	if err != nil {
-		return r.fail(err)
+		return r.fail(err, r.src.Classify(err).Reason)
 	}
 	r.cur = cur
 	r.unwatch = r.a.Watcher.Watch(r.in.Stream)
@@ -377,7 +380,7 @@ func (r *changesRun) pollFailed(err error) error {
 	switch c.Action {
 	case source.RetrySame:
 		r.a.Metrics.Retry(r.in.Stream, r.in.Tablet, c.Reason, r.headroom())
-		return r.fail(err)
+		return r.fail(err, c.Reason)
 	case source.Expired:
 		if stored, moved := r.sinkMovedOn(); moved {
 			// Another attempt of this tablet committed past this run's
@@ -385,7 +388,7 @@ func (r *changesRun) pollFailed(err error) error {
 			// behind the source's barrier, not lost. The next attempt
 			// resumes at the sink's checkpoint.
 			return r.fail(fmt.Errorf("another attempt committed up to %s, past this run's %s; reading again from the sink's checkpoint: %w",
-				stored, r.res.Checkpoint, err))
+				stored, r.res.Checkpoint, err), "SINK_MOVED_ON")
 		}
 	case source.RetryElsewhere:
 		r.a.Metrics.Excluded(r.in.Stream, r.in.Tablet, "automatic")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
 
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink"
@@ -82,4 +83,45 @@ func TestARetryOnAnUnhealthyReplicaEndsReplicaUnhealthy(t *testing.T) {
 	d := requireTyped(t, err, ErrReplicaUnhealthy)
 	require.Equal(t, testAlias, d.Replica)
 	require.Equal(t, "REPLICA_UNHEALTHY", d.Reason)
+}
+
+// A retry-same error of a run names the replica it failed on in its
+// details, with the committed checkpoint: the one it moved to in place
+// when it did (an earlier attempt's move, here), not the one its input
+// named. The workflow charges that replica when the retries run out; the
+// run's progress signal of the move may have been lost.
+func TestARetrySameErrorNamesTheReplicaItFailedOn(t *testing.T) {
+	const movedTo = "zone2-0000000201"
+	for _, tt := range []struct {
+		name    string
+		moved   *Selection
+		replica string
+	}{
+		{"on its replica", nil, testAlias},
+		{"after a move in place", &Selection{Replica: source.Replica{Tablet: testTablet, Alias: movedTo, Serving: true, Healthy: true}, Candidates: 2}, movedTo},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.src.poll = func(_ context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+				if n == 0 {
+					return batch(1, 3), nil
+				}
+				return source.Batch{}, errSourceDown
+			}
+			env := r.activityEnv(context.Background())
+			if tt.moved != nil {
+				env.SetHeartbeatDetails(Heartbeat{Switched: tt.moved})
+			}
+			_, err := r.run(env, input())
+			var appErr *temporal.ApplicationError
+			require.ErrorAs(t, err, &appErr)
+			require.False(t, appErr.NonRetryable(), "retried by the policy")
+			require.Equal(t, ErrRetrySame, appErr.Type())
+			var d ErrorDetails
+			require.NoError(t, appErr.Details(&d))
+			require.Equal(t, tt.replica, d.Replica)
+			require.Equal(t, cp(3), d.Checkpoint)
+			require.Equal(t, "UNAVAILABLE", d.Reason)
+		})
+	}
 }

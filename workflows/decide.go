@@ -56,6 +56,9 @@ type outcome struct {
 	// committed: an OK run committed at least once (it read from its
 	// replica and wrote to the sink), which ends a tablet's Retrying.
 	committed bool
+	// replica is the replica the error's details name: where the run
+	// failed ("": the details name none).
+	replica string
 }
 
 // decision is what the tablet does next.
@@ -166,7 +169,7 @@ func runOutcome(res activities.GetChangesResult, runErr error, cancelled, withCo
 	}
 	var d activities.ErrorDetails
 	details(runErr, &d)
-	o := outcome{end: runTransient, checkpoint: d.Checkpoint, reason: d.Reason, message: clip(errorMessage(runErr, withContext))}
+	o := outcome{end: runTransient, checkpoint: d.Checkpoint, reason: d.Reason, message: clip(errorMessage(runErr, withContext)), replica: d.Replica}
 	var app *temporal.ApplicationError
 	if errors.As(runErr, &app) {
 		switch app.Type() {

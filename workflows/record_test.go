@@ -141,6 +141,24 @@ func TestRecordScriptedHistories(t *testing.T) {
 		r.record(stream, "stream-operator-intents-stopped")
 	})
 
+	// changeChargedReplica: a run fails with an error whose details name
+	// another replica than the one it was started on (a move in place
+	// whose signal was lost): the tablet charges that one; the next run
+	// commits; then the stream stops.
+	t.Run("charged-replica", func(t *testing.T) {
+		const stream = "charged"
+		tab := workflows.TabletWorkflowID(stream, "t-0001")
+		r.start(stream)
+		r.waitTablet(tab, "Retrying on the replica the error names", func(st workflows.TabletStatus) bool {
+			return st.State == workflows.Retrying && st.Replica == recordMovedTo
+		})
+		r.waitTablet(tab, "Streaming once a run committed", func(st workflows.TabletStatus) bool {
+			return st.State == workflows.Streaming && st.Records > 0
+		})
+		r.stop(stream)
+		r.record(tab, "tablet-charged-replica-stopped")
+	})
+
 	// changeRetryAfterClose: the operator retries a tablet that reported
 	// Failed while its workflow has not closed yet; the stream starts its
 	// new workflow once the old one closed; then the stream stops.
@@ -286,6 +304,9 @@ type scripted struct {
 
 const recordAlias = "zone1-0000000101"
 
+// recordMovedTo is the replica a "charged" run's error names.
+const recordMovedTo = "zone2-0000000201"
+
 func recordReplica() source.Replica {
 	return source.Replica{Tablet: "t-0001", Alias: recordAlias, Cell: "zone1", Type: source.TypeReplica, Serving: true, Healthy: true}
 }
@@ -330,6 +351,11 @@ func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput
 	f.runs[info.WorkflowExecution.ID]++
 	n := f.runs[info.WorkflowExecution.ID]
 	f.mu.Unlock()
+	if in.Stream == "charged" && n == 1 {
+		return activities.GetChangesResult{Checkpoint: in.Checkpoint}, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("position %s is not held by this replica", in.Checkpoint), activities.ErrRetryElsewhere, nil,
+			activities.ErrorDetails{Reason: "POSITION_MISMATCH", Replica: recordMovedTo, Checkpoint: in.Checkpoint})
+	}
 	if in.Stream == "retrying" && n <= 3 {
 		return activities.GetChangesResult{Checkpoint: in.Checkpoint}, temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("position %s is not held by this replica", in.Checkpoint), activities.ErrRetryElsewhere, nil,

@@ -103,6 +103,10 @@ var recorded = map[string]recording{
 	// its loop, told a pause again after a report contradicting it, then
 	// a resume and a stop (from TestRecordScriptedHistories).
 	"stream-operator-intents-stopped.json": {"intents", "2375b5c72e895c49e2a7f67fcfbfde1c6e34d42d997d778d66d0eb698b6b30cc"},
+	// changeChargedReplica: a run whose error named another replica than
+	// it was started on, charged to that one, then a run that committed
+	// and a stop (from TestRecordScriptedHistories).
+	"tablet-charged-replica-stopped.json": {"charged/tablet/t-0001", "a3bacb2c177f168044b487a8c026098922b418944497f3538c023e9006939cf3"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -120,6 +120,9 @@ type tablet struct {
 	// retrying: a failed run makes the tablet Retrying until a run
 	// commits (changeRetryingState); nil until asked (retryingState).
 	retrying *bool
+	// charged: a failed run is charged to the replica its error names
+	// (changeChargedReplica); nil until asked (chargesNamedReplica).
+	charged *bool
 	// progress: the activity's own signals; commands: the stream's.
 	progress workflow.ReceiveChannel
 	commands workflow.ReceiveChannel

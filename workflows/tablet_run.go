@@ -192,6 +192,14 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		t.log.Warn("tablet run failed", "error", runErr)
 	}
 	o := runOutcome(res, runErr, cancelled, t.signalHandling)
+	charged := o.replica != "" && o.replica != sel.Replica.Alias && t.chargesNamedReplica(ctx)
+	if charged {
+		// The error names another replica than the tablet believes the
+		// run read (a move in place whose signal was lost): that one is
+		// charged, and, known by its alias only, not read again without
+		// a selection.
+		sel = activities.Selection{Replica: source.Replica{Tablet: t.in.Tablet, Alias: o.replica}, Candidates: sel.Candidates}
+	}
 	if o.end == runOK {
 		t.st.Status.Records += res.Records
 		t.st.Status.Batches += res.Batches
@@ -200,7 +208,11 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 			t.st.Status.Slot = res.Slot
 		}
 	}
-	return t.apply(ctx, sel, o, decide(o, sel))
+	d := decide(o, sel)
+	if charged {
+		d.keepReplica = false
+	}
+	return t.apply(ctx, sel, o, d)
 }
 
 // apply carries out the decision core's decision on a run's outcome.
@@ -280,6 +292,17 @@ func runFor(d config.Duration, sel activities.Selection) config.Duration {
 		return config.Duration(activities.FallbackRun)
 	}
 	return d
+}
+
+// chargesNamedReplica reports whether a failed run is charged to the
+// replica its error's details name (changeChargedReplica). Asked for only
+// when those name another replica than the tablet believes the run read.
+func (t *tablet) chargesNamedReplica(ctx workflow.Context) bool {
+	if t.charged == nil {
+		v := workflow.GetVersion(ctx, changeChargedReplica, workflow.DefaultVersion, 1) >= 1
+		t.charged = &v
+	}
+	return *t.charged
 }
 
 // retryingState reports whether the tablet shows a failed run as

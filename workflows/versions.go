@@ -170,4 +170,15 @@ const (
 	// first contradicting report or the first closed tablet found while
 	// stopping, whichever comes first.
 	changeOperatorIntents = "operator-intents"
+
+	// changeChargedReplica: a failed run is charged to the replica its
+	// error's details name (activities.ErrorDetails.Replica; a retry-same
+	// error's too, activities.ErrRetrySame), not to the one the tablet
+	// believed the run read: a run that moved in place and whose
+	// progress signal was lost failed on the replica it moved to, and the
+	// tablet excluded the healthy one it had picked and went back to the
+	// failing one. The charged replica, known by its alias only, is not
+	// read again without a selection. Asked for only when the details
+	// name another replica than the tablet's.
+	changeChargedReplica = "charged-replica"
 )
