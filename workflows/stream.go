@@ -647,7 +647,8 @@ func (s *stream) exclusions(now time.Time) config.ExcludeList { return s.st.Excl
 
 // status is the `status` query; a paused tablet's retention counts down.
 func (s *stream) status(now time.Time) StreamStatus {
-	out := StreamStatus{Stream: s.id, Tablets: []TabletStatus{}, Exclude: s.st.Exclude, Rejected: s.st.Rejected, Topology: s.st.Topology}
+	out := StreamStatus{Stream: s.id, Tablets: []TabletStatus{}, Exclude: s.st.Exclude, Rejected: s.st.Rejected, Topology: s.st.Topology,
+		Checks: s.st.Checks}
 	if out.Exclude == nil {
 		out.Exclude = config.ExcludeList{}
 	}

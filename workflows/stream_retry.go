@@ -60,8 +60,10 @@ func (s *stream) checkRetried() {
 			var closed []activities.ClosedTablet
 			if err := workflow.ExecuteActivity(cctx, a.CheckTablets, activities.CheckTabletsInput{Tablets: refs, StatusQuery: QueryStatus}).Get(ctx, &closed); err != nil {
 				s.log.Warn("checking the previous workflows of retried tablets failed; again shortly", "error", err)
+				s.checkFailed(ctx, err)
 				continue
 			}
+			s.st.Checks = nil
 			if len(closed) > 0 {
 				s.retried.Send(ctx, closed)
 			}

@@ -167,11 +167,22 @@ func (s *stream) onTopology(ctx workflow.Context, r topologyRead) time.Duration 
 	}
 	if r.checkErr != nil {
 		s.log.Warn("checking the tablet workflows failed; again at the next refresh", "error", r.checkErr)
+		s.checkFailed(ctx, r.checkErr)
 	} else {
+		s.st.Checks = nil
 		s.reconcile(ctx, r.closed)
 	}
 	s.applyListing(ctx, r.topology)
 	return s.cfg.TopologyRefresh.D()
+}
+
+// checkFailed shows in the status that the tablet workflows cannot be
+// checked, since when and why.
+func (s *stream) checkFailed(ctx workflow.Context, err error) {
+	if s.st.Checks == nil {
+		s.st.Checks = &TopologyTrouble{Since: workflow.Now(ctx)}
+	}
+	s.st.Checks.Error = clip("check the tablet workflows: " + errorMessage(err, s.signalHandling))
 }
 
 // learnAliases records the replicas the listing names (what exclude and

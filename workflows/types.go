@@ -105,6 +105,9 @@ type StreamStatus struct {
 	Rejected []Rejected         `json:"rejected"`
 	// Topology is set while the source's topology cannot be read.
 	Topology *TopologyTrouble `json:"topology,omitempty"`
+	// Checks is set while the stream cannot check its tablet workflows
+	// (CheckTablets): a tablet that closes meanwhile is not restarted.
+	Checks *TopologyTrouble `json:"checks,omitempty"`
 }
 
 // TopologyTrouble says why and since when the stream cannot list its
@@ -137,8 +140,10 @@ type StreamState struct {
 	Tunables *config.Tunables `json:"tunables,omitempty"`
 	// Stop is set once the operator asked the stream to stop.
 	Stop *StopRequest `json:"stop,omitempty"`
-	// Topology is set while the topology cannot be read.
+	// Topology is set while the topology cannot be read; Checks while
+	// the tablet workflows cannot be checked.
 	Topology *TopologyTrouble `json:"topology,omitempty"`
+	Checks   *TopologyTrouble `json:"checks,omitempty"`
 	// Paused are the tablets the operator paused and has not resumed,
 	// sorted; Intents says they are carried (a state from before has
 	// them derived from the rows that say Paused). With Stop, what the
