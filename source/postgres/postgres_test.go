@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tabletflow/tabletflow/source"
@@ -604,7 +606,11 @@ func syncRepCommit(t *testing.T, p *pgbed.Node, sql string, within time.Duration
 	}()
 	for deadline := time.Now().Add(within); !waited && len(ch) == 0 && time.Now().Before(deadline); {
 		var ev *string
-		require.NoError(t, p.QueryRow(ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&ev))
+		err := p.QueryRow(ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&ev)
+		if errors.Is(err, pgx.ErrNoRows) {
+			break // the statement ended and its session closed between two looks: it did not wait
+		}
+		require.NoError(t, err)
 		waited = ev != nil && *ev == "SyncRep"
 		if !waited {
 			time.Sleep(20 * time.Millisecond)
