@@ -60,6 +60,11 @@ type ErrorDetails struct {
 	Replica    string            `json:"replica,omitempty"`
 	Checkpoint source.Checkpoint `json:"checkpoint"`
 	Split      *SplitDetails     `json:"split,omitempty"`
+	// Records and Batches are what the run committed before it failed
+	// (its earlier attempts' included), which the tablet counts as it
+	// counts a run's result.
+	Records int64 `json:"records,omitempty"`
+	Batches int64 `json:"batches,omitempty"`
 }
 
 // typed returns the error the workflow sees for a classified source error:

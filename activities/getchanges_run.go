@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/config"
@@ -135,6 +136,24 @@ func (r *changesRun) progress(lastError string) Heartbeat {
 func (r *changesRun) fail(err error, reason string) error {
 	r.beat.set(r.progress(err.Error()))
 	return retrySame(err, ErrorDetails{Reason: reason, Replica: r.replica.Alias, Checkpoint: r.res.Checkpoint})
+}
+
+// counted is err with what the run committed (res's records and
+// batches, its earlier attempts' included) in its details: a failed
+// activity's result never reaches the workflow, which counts them from
+// there. An error without ErrorDetails is returned as it is.
+func (r *changesRun) counted(err error) error {
+	var app *temporal.ApplicationError
+	if err == nil || (r.res.Records == 0 && r.res.Batches == 0) || !errors.As(err, &app) || !app.HasDetails() {
+		return err
+	}
+	var d ErrorDetails
+	if app.Details(&d) != nil {
+		return err
+	}
+	d.Records, d.Batches = r.res.Records, r.res.Batches
+	return temporal.NewApplicationErrorWithOptions(app.Message(), app.Type(), temporal.ApplicationErrorOptions{
+		NonRetryable: app.NonRetryable(), Cause: errors.Unwrap(app), Details: []any{d}})
 }
 
 // headroom is how much of the source's retention is left since the last

@@ -201,19 +201,19 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	r := a.startRun(ctx, in)
 	defer r.release()
 	if err := r.checkReplica(); err != nil {
-		return r.res, err
+		return r.res, r.counted(err)
 	}
 	if ok, err := r.openSink(); !ok {
-		return r.res, err
+		return r.res, r.counted(err)
 	}
 	if err := r.startReading(); err != nil {
-		return r.res, err
+		return r.res, r.counted(err)
 	}
 	if in.Recovering {
 		r.recovered = false // the first commit signals Streaming
 	}
 	err := r.loop()
-	return r.res, err
+	return r.res, r.counted(err)
 }
 
 // reading is one replica being read: its reader and the poller that owns

@@ -171,8 +171,8 @@ func TestGetChangesReturnsFencedWhenTheCommitIsFenced(t *testing.T) {
 
 	d := requireTyped(t, err, ErrFenced)
 	require.ErrorContains(t, err, sink.ErrFenced.Error())
-	require.Equal(t, ErrorDetails{Reason: "FENCED", Replica: testAlias, Checkpoint: cp(3)}, d,
-		"the checkpoint is this writer's last commit")
+	require.Equal(t, ErrorDetails{Reason: "FENCED", Replica: testAlias, Checkpoint: cp(3), Records: 3, Batches: 1}, d,
+		"the checkpoint is this writer's last commit, the counts what it committed")
 	log := r.log.list()
 	require.ElementsMatch(t, []string{"open t-0001", "commit 1.3", "ack 1.3", "heartbeat 1.3"}, log,
 		"nothing of the fenced batch is acked or heartbeat")
@@ -244,7 +244,7 @@ func TestGetChangesReturnsSinkUnavailableWhenTheSinkCannotTakeWritesNow(t *testi
 		}
 		_, err := r.run(r.activityEnv(context.Background()), input())
 		d := requireTyped(t, err, ErrSinkUnavailable)
-		require.Equal(t, ErrorDetails{Reason: "SINK_IO", Replica: testAlias, Checkpoint: cp(3)}, d)
+		require.Equal(t, ErrorDetails{Reason: "SINK_IO", Replica: testAlias, Checkpoint: cp(3), Records: 3, Batches: 1}, d)
 	})
 }
 
@@ -259,6 +259,8 @@ func TestGetChangesReturnsSinkFailedWhenTheSinkCannotTakeTheTablet(t *testing.T)
 		wantCP     source.Checkpoint // ErrorDetails.Checkpoint
 		wantMsg    string            // part of the error's message
 		wantPolls  int
+		// What the run committed before (ErrorDetails.Records, Batches).
+		wantRecords, wantBatches int64
 	}{
 		// The JSONL sink holds data whose manifest is gone.
 		{name: "corrupt sink", setup: func(t *testing.T, r *rig, in *GetChangesInput, _ *testsuite.TestActivityEnvironment) {
@@ -279,7 +281,7 @@ func TestGetChangesReturnsSinkFailedWhenTheSinkCannotTakeTheTablet(t *testing.T)
 			bad := batch(4, 6)
 			bad.Records[1].Op = "upsert"
 			r.script(batch(1, 3), bad)
-		}, wantReason: "SINK_BAD_RECORD", wantCP: cp(3), wantMsg: "upsert", wantPolls: 2},
+		}, wantReason: "SINK_BAD_RECORD", wantCP: cp(3), wantMsg: "upsert", wantPolls: 2, wantRecords: 3, wantBatches: 1},
 		// The sink is behind the workflow's checkpoint: records are gone
 		// from it (restored from an old backup, say).
 		{name: "sink behind the workflow", setup: func(_ *testing.T, r *rig, in *GetChangesInput, _ *testsuite.TestActivityEnvironment) {
@@ -301,7 +303,7 @@ func TestGetChangesReturnsSinkFailedWhenTheSinkCannotTakeTheTablet(t *testing.T)
 			r.mem.set(testTablet, cp(5))
 			in.Checkpoint = cp(2)
 			env.SetHeartbeatDetails(Heartbeat{Checkpoint: cp(9), Records: 9, Batches: 3})
-		}, wantReason: "SINK_BEHIND", wantCP: cp(9), wantMsg: "sink checkpoint 1.5 is behind"},
+		}, wantReason: "SINK_BEHIND", wantCP: cp(9), wantMsg: "sink checkpoint 1.5 is behind", wantRecords: 9, wantBatches: 3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -312,7 +314,7 @@ func TestGetChangesReturnsSinkFailedWhenTheSinkCannotTakeTheTablet(t *testing.T)
 			_, err := r.run(env, in)
 
 			d := requireTyped(t, err, ErrSinkFailed)
-			require.Equal(t, ErrorDetails{Reason: tt.wantReason, Replica: testAlias, Checkpoint: tt.wantCP}, d)
+			require.Equal(t, ErrorDetails{Reason: tt.wantReason, Replica: testAlias, Checkpoint: tt.wantCP, Records: tt.wantRecords, Batches: tt.wantBatches}, d)
 			require.ErrorContains(t, err, tt.wantMsg)
 			// The poller may have sent the next poll before the commit failed.
 			if polls := len(r.src.requests()); tt.wantPolls == 0 {

@@ -125,3 +125,39 @@ func TestARetrySameErrorNamesTheReplicaItFailedOn(t *testing.T) {
 		})
 	}
 }
+
+// A run that ends in an error says in the error's details what it
+// committed before (records and batches, its earlier attempts'
+// included), for the tablet's counters: the error is all the workflow
+// gets of a failed run, never its result.
+func TestAFailedRunsErrorCountsWhatItCommitted(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		err  error
+		typ  string
+	}{
+		{"typed", errHistoryGone, ErrStreamExpired},
+		{"retry same", errSourceDown, ErrRetrySame},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.src.poll = func(_ context.Context, n int, _ source.ChangesRequest) (source.Batch, error) {
+				if n < 2 {
+					return batch(uint64(3*n+1), uint64(3*n+3)), nil
+				}
+				return source.Batch{}, tt.err
+			}
+			env := r.activityEnv(context.Background())
+			// An earlier attempt of this run committed 3 records in one batch.
+			env.SetHeartbeatDetails(Heartbeat{Records: 3, Batches: 1})
+			_, err := r.run(env, input())
+			var appErr *temporal.ApplicationError
+			require.ErrorAs(t, err, &appErr)
+			require.Equal(t, tt.typ, appErr.Type())
+			var d ErrorDetails
+			require.NoError(t, appErr.Details(&d))
+			require.Equal(t, int64(9), d.Records, "3 before, 6 in this attempt")
+			require.Equal(t, int64(3), d.Batches)
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/tabletflow/tabletflow/activities"
@@ -93,4 +94,47 @@ func TestRunOutcomeNamesTheReplicaOfTheErrorsDetails(t *testing.T) {
 		require.Equal(t, "zone2-0000000201", runOutcome(activities.GetChangesResult{}, err, false, true).replica, "%v", err)
 	}
 	require.Empty(t, runOutcome(activities.GetChangesResult{}, errors.New("plain"), false, true).replica)
+}
+
+// Records and batches a run committed before it ended in an error are
+// counted: the error's details say what it committed (a failed
+// activity's result never reaches the workflow), or, when the run timed
+// out, its last heartbeat.
+func TestRecordsCommittedByARunThatFailedAreCounted(t *testing.T) {
+	env := newEnv(t)
+	env.SetStartWorkflowOptions(clientOptions(TabletWorkflowID("orders", "t-0001")))
+	env.OnActivity(a.SelectReplica, mock.Anything, mock.Anything).Return(
+		activities.Selection{Replica: replica("t-0001", "zone1-0000000101"), Candidates: 3}, nil)
+	runs := 0
+	env.OnActivity(a.GetChanges, mock.Anything, mock.Anything).Return(
+		func(context.Context, activities.GetChangesInput) (activities.GetChangesResult, error) {
+			runs++
+			switch runs {
+			case 1:
+				return activities.GetChangesResult{}, temporal.NewNonRetryableApplicationError("position 1.30 is not held", activities.ErrRetryElsewhere, nil,
+					activities.ErrorDetails{Reason: "POSITION_MISMATCH", Replica: "zone1-0000000101", Checkpoint: cp(30), Records: 30, Batches: 3})
+			case 2:
+				return activities.GetChangesResult{Checkpoint: cp(40), Records: 10, Batches: 1, Stopped: activities.StoppedRunEnded}, nil
+			}
+			return activities.GetChangesResult{}, temporal.NewNonRetryableApplicationError("auth", activities.ErrFatal, nil,
+				activities.ErrorDetails{Reason: "UNAUTHENTICATED", Replica: "zone1-0000000101", Checkpoint: cp(45), Records: 5, Batches: 1})
+		})
+	recordReports(env)
+	env.ExecuteWorkflow(TabletWorkflow, TabletInput{Stream: "orders", Tablet: "t-0001", Config: mustConfig(t), Tablets: 1}, (*TabletState)(nil))
+
+	require.NoError(t, env.GetWorkflowError())
+	st := queryStatus[TabletStatus](t, env)
+	require.Equal(t, Failed, st.State)
+	require.Equal(t, int64(45), st.Records, "30 before a retry elsewhere, 10 in a run, 5 before a fatal error")
+	require.Equal(t, int64(5), st.Batches)
+	require.Equal(t, cp(45), st.Checkpoint)
+}
+
+// A run that timed out (its worker died; the retries ran out) is counted
+// from its last heartbeat.
+func TestRunOutcomeOfATimedOutRunCountsItsLastHeartbeat(t *testing.T) {
+	err := temporal.NewTimeoutError(enumspb.TIMEOUT_TYPE_HEARTBEAT, nil, activities.Heartbeat{Checkpoint: cp(12), Records: 12, Batches: 2})
+	o := runOutcome(activities.GetChangesResult{}, err, false, true)
+	require.Equal(t, int64(12), o.records)
+	require.Equal(t, int64(2), o.batches)
 }

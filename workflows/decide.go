@@ -59,6 +59,9 @@ type outcome struct {
 	// replica is the replica the error's details name: where the run
 	// failed ("": the details name none).
 	replica string
+	// records and batches are what a run that failed committed before
+	// (its error's details, or a timed-out run's last heartbeat).
+	records, batches int64
 }
 
 // decision is what the tablet does next.
@@ -169,7 +172,17 @@ func runOutcome(res activities.GetChangesResult, runErr error, cancelled, withCo
 	}
 	var d activities.ErrorDetails
 	details(runErr, &d)
-	o := outcome{end: runTransient, checkpoint: d.Checkpoint, reason: d.Reason, message: clip(errorMessage(runErr, withContext)), replica: d.Replica}
+	o := outcome{end: runTransient, checkpoint: d.Checkpoint, reason: d.Reason, message: clip(errorMessage(runErr, withContext)), replica: d.Replica,
+		records: d.Records, batches: d.Batches}
+	var timeout *temporal.TimeoutError
+	if o.records == 0 && o.batches == 0 && errors.As(runErr, &timeout) && timeout.HasLastHeartbeatDetails() {
+		// Timed out (its worker died): what its last heartbeat says it
+		// committed.
+		var hb activities.Heartbeat
+		if timeout.LastHeartbeatDetails(&hb) == nil {
+			o.records, o.batches = hb.Records, hb.Batches
+		}
+	}
 	var app *temporal.ApplicationError
 	if errors.As(runErr, &app) {
 		switch app.Type() {

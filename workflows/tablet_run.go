@@ -207,6 +207,11 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		if res.Slot != nil {
 			t.st.Status.Slot = res.Slot
 		}
+	} else {
+		// What a failed run committed before: its error says (a failed
+		// activity's result never reaches the workflow).
+		t.st.Status.Records += o.records
+		t.st.Status.Batches += o.batches
 	}
 	d := decide(o, sel)
 	if charged {
