@@ -159,6 +159,21 @@ func TestRecordScriptedHistories(t *testing.T) {
 		r.record(tab, "tablet-charged-replica-stopped")
 	})
 
+	// changeQuietRewording: a tablet with no eligible replica looks
+	// again, each look's reason worded anew (a replica's lag), and
+	// upserts its search attributes once; then it streams, and the
+	// stream stops.
+	t.Run("quiet-rewording", func(t *testing.T) {
+		const stream = "reworded"
+		tab := workflows.TabletWorkflowID(stream, "t-0001")
+		r.start(stream)
+		r.waitTablet(tab, "Streaming once a replica is eligible", func(st workflows.TabletStatus) bool {
+			return st.State == workflows.Streaming && st.Records > 0
+		})
+		r.stop(stream)
+		r.record(tab, "tablet-quiet-rewording-stopped")
+	})
+
 	// changeRetryAfterClose: the operator retries a tablet that reported
 	// Failed while its workflow has not closed yet; the stream starts its
 	// new workflow once the old one closed; then the stream stops.
@@ -326,7 +341,7 @@ func (f *scripted) ReadTopology(context.Context, config.Source) (activities.Topo
 func (f *scripted) ReadTopologyAndPick(_ context.Context, in activities.PickInput) (activities.Topology, error) {
 	topo := recordTopology()
 	topo.Picks = map[string]activities.Selection{}
-	if _, excluded := in.Operator.Excludes(recordAlias, "t-0001", time.Now()); !excluded {
+	if _, excluded := in.Operator.Excludes(recordAlias, "t-0001", time.Now()); !excluded && in.Stream != "reworded" {
 		topo.Picks["t-0001"] = activities.Selection{Replica: recordReplica(), Candidates: 1}
 	}
 	return topo, nil
@@ -337,6 +352,16 @@ func (f *scripted) CheckTablets(context.Context, activities.CheckTabletsInput) (
 }
 
 func (f *scripted) SelectReplica(_ context.Context, in activities.SelectReplicaInput) (activities.Selection, error) {
+	if in.Stream == "reworded" {
+		f.mu.Lock()
+		f.runs["select "+in.Stream]++
+		n := f.runs["select "+in.Stream]
+		f.mu.Unlock()
+		if n <= 3 {
+			return activities.Selection{}, temporal.NewNonRetryableApplicationError(
+				fmt.Sprintf("no eligible replica: %s lagging %ds (maxLag 30s)", recordAlias, 30+n), activities.ErrNoEligibleReplica, nil)
+		}
+	}
 	if _, excluded := append(in.Exclude, in.Operator...).Excludes(recordAlias, in.Tablet, time.Now()); excluded {
 		return activities.Selection{}, temporal.NewNonRetryableApplicationError(recordAlias+": excluded", activities.ErrNoEligibleReplica, nil)
 	}

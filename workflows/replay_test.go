@@ -107,6 +107,10 @@ var recorded = map[string]recording{
 	// it was started on, charged to that one, then a run that committed
 	// and a stop (from TestRecordScriptedHistories).
 	"tablet-charged-replica-stopped.json": {"charged/tablet/t-0001", "a3bacb2c177f168044b487a8c026098922b418944497f3538c023e9006939cf3"},
+	// changeQuietRewording: a tablet with no eligible replica whose
+	// looks reworded their reason, one search-attribute upsert for them,
+	// then streaming and a stop (from TestRecordScriptedHistories).
+	"tablet-quiet-rewording-stopped.json": {"reworded/tablet/t-0001", "2085247314f4f2ce313eb1edd2f419376c2e93c2c4757a937b7fcd380d3c3364"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -123,6 +123,9 @@ type tablet struct {
 	// charged: a failed run is charged to the replica its error names
 	// (changeChargedReplica); nil until asked (chargesNamedReplica).
 	charged *bool
+	// rewording: a reworded reason leaves the search attributes alone
+	// (changeQuietRewording); nil until asked (quietRewording).
+	rewording *bool
 	// progress: the activity's own signals; commands: the stream's.
 	progress workflow.ReceiveChannel
 	commands workflow.ReceiveChannel

@@ -21,19 +21,38 @@ import (
 const finalReportTries = 5
 
 // setState records a state change, keeps the search attributes and the
-// workflow's details current, and reports to the stream at once.
+// workflow's details current, and reports to the stream at once. The
+// search attributes, whose every upsert is a visibility write on the
+// server, change only with the state or the replica, not with a reason's
+// wording (changeQuietRewording): a tablet that waits for an eligible
+// replica says why at each look, in other words as the replicas' lag
+// moves.
 func (t *tablet) setState(ctx workflow.Context, state State, replica, reason string) error {
 	s := &t.st.Status
 	reason = clip(reason)
-	changed := s.State != state || s.Replica != replica || s.Reason != reason
+	moved := s.State != state || s.Replica != replica
+	reworded := !moved && s.Reason != reason
 	s.State, s.Replica, s.Reason = state, replica, reason
-	if !changed {
+	if !moved && !reworded {
 		return t.report(ctx, false)
 	}
-	if err := workflow.UpsertTypedSearchAttributes(ctx, SAState.ValueSet(string(state)), SAReplica.ValueSet(replica)); err != nil {
-		t.log.Warn("search attributes not updated", "error", err)
+	if moved || !t.quietRewording(ctx) {
+		if err := workflow.UpsertTypedSearchAttributes(ctx, SAState.ValueSet(string(state)), SAReplica.ValueSet(replica)); err != nil {
+			t.log.Warn("search attributes not updated", "error", err)
+		}
 	}
 	return t.report(ctx, true)
+}
+
+// quietRewording reports whether a reason reworded in the same state on
+// the same replica leaves the search attributes alone
+// (changeQuietRewording). Asked for at the first such rewording only.
+func (t *tablet) quietRewording(ctx workflow.Context) bool {
+	if t.rewording == nil {
+		v := workflow.GetVersion(ctx, changeQuietRewording, workflow.DefaultVersion, 1) >= 1
+		t.rewording = &v
+	}
+	return *t.rewording
 }
 
 // report signals the tablet's status to its stream: soon when forced (a

@@ -181,4 +181,13 @@ const (
 	// read again without a selection. Asked for only when the details
 	// name another replica than the tablet's.
 	changeChargedReplica = "charged-replica"
+
+	// changeQuietRewording: a tablet upserts its search attributes (a
+	// visibility write on the server each) when its state or its replica
+	// changes, not when only its reason's wording does: a tablet waiting
+	// for an eligible replica said why at every look, in other words as
+	// the replicas' lag moved, and upserted each time. It still reports
+	// the new reason to the stream. Asked for at a tablet's first such
+	// rewording only.
+	changeQuietRewording = "quiet-rewording"
 )
