@@ -160,13 +160,12 @@ const (
 	// out. It asks for its tablet workflows' starts without waiting for
 	// them, taking commands and reports meanwhile, and tells a tablet
 	// what it was asked since its input was made once its workflow runs
-	// (a signal to one not started yet failed, and the command was lost:
-	// a stop sent while 533 of 600 tablets were still starting waited for
-	// a topology refresh); it tells a tablet again when a report
-	// contradicts its intent; it sends no command to a tablet whose start
-	// it has not heard of; and a stopping stream starts no tablet
-	// workflow (a tablet that closed without a terminal report is
-	// Stopped where it was). Asked for at the first tablet start, the
+	// (a signal to one not started yet failed, and the command was lost;
+	// a stop signal waited for the whole fan-out); it tells a tablet
+	// again when a report contradicts its intent; it sends no command to
+	// a tablet whose start it has not heard of; and a stopping stream
+	// starts no tablet workflow (a tablet that closed without a terminal
+	// report is Stopped where it was). Asked for at the first tablet start, the
 	// first contradicting report or the first closed tablet found while
 	// stopping, whichever comes first.
 	changeOperatorIntents = "operator-intents"
