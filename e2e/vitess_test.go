@@ -1,0 +1,438 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/sink/jsonl"
+	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/testbed/vitessbed"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+// The Vitess source end to end: a real Temporal dev server, worker
+// processes, and the Vitess test bed (etcd, vtctld, keyspace commerce with
+// shards -80 and 80-, each a primary in zone1 and replicas in zone2 and
+// zone3 over MariaDB, vtgate; testbed/vitessbed). Each test ends with the
+// proof: replaying each shard's JSONL file gives the shard's rows as read
+// through vtgate, with no position twice and positions increasing per
+// shard.
+
+// vtEnv is an env (its tabletd unused) with a Vitess bed.
+type vtEnv struct {
+	*env
+	bed *vitessbed.Cluster
+}
+
+func newVTEnv(t *testing.T) *vtEnv {
+	t.Helper()
+	bed := vitessbed.StartT(t, vitessbed.Options{})
+	return &vtEnv{env: newEnv(t, "--rate", "0"), bed: bed}
+}
+
+// config is a stream config from the bed's keyspace into the JSONL
+// directory out, starting at each shard's current position.
+func (v *vtEnv) config(out string, extra map[string]any) []byte {
+	m := map[string]any{
+		"source":    map[string]any{"kind": "vitess", "vtctld": v.bed.Addresses().Vtctld, "keyspace": vitessbed.Keyspace, "tables": vitessbed.Tables},
+		"startFrom": "latest",
+	}
+	for k, val := range extra {
+		m[k] = val
+	}
+	return v.env.config(out, m)
+}
+
+// replayVitess applies one shard's records in order to empty tables: an
+// insert or update sets the row at its key (an update that changed the
+// key removes the row at before's key first), a delete removes the row at
+// before's key, a truncate empties the table. Values are as the bed reads
+// them: integers as int64, text as string, NULL as nil.
+func replayVitess(recs []source.Record) (map[string]vitessbed.Rows, error) {
+	out := map[string]vitessbed.Rows{}
+	for _, t := range vitessbed.Tables {
+		out[t] = vitessbed.Rows{}
+	}
+	keyOf := func(table string, row map[string]any) (string, error) {
+		k, ok := row[vitessbed.PrimaryKeys[table]]
+		if !ok {
+			return "", fmt.Errorf("%s row without its key: %v", table, row)
+		}
+		return fmt.Sprint(k), nil
+	}
+	for _, r := range recs {
+		rows, ok := out[r.Table]
+		if !ok {
+			return nil, fmt.Errorf("%s: a record of table %q", r.Position, r.Table)
+		}
+		before, err := decodeRow(r.Before)
+		if err != nil {
+			return nil, fmt.Errorf("%s: before: %w", r.Position, err)
+		}
+		after, err := decodeRow(r.After)
+		if err != nil {
+			return nil, fmt.Errorf("%s: after: %w", r.Position, err)
+		}
+		switch r.Op {
+		case source.Insert, source.Update:
+			if before != nil {
+				k, err := keyOf(r.Table, before)
+				if err != nil {
+					return nil, err
+				}
+				delete(rows, k)
+			}
+			k, err := keyOf(r.Table, after)
+			if err != nil {
+				return nil, err
+			}
+			rows[k] = after
+		case source.Delete:
+			k, err := keyOf(r.Table, before)
+			if err != nil {
+				return nil, err
+			}
+			delete(rows, k)
+		case source.Truncate:
+			out[r.Table] = vitessbed.Rows{}
+		default:
+			return nil, fmt.Errorf("%s: op %q", r.Position, r.Op)
+		}
+	}
+	return out, nil
+}
+
+// decodeRow reads a row image; JSON numbers that are integers become
+// int64. A missing image is nil.
+func decodeRow(raw json.RawMessage) (map[string]any, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var row map[string]any
+	if err := d.Decode(&row); err != nil {
+		return nil, err
+	}
+	for k, v := range row {
+		if n, ok := v.(json.Number); ok {
+			i, err := n.Int64()
+			if err != nil {
+				return nil, fmt.Errorf("%s: %v", k, err)
+			}
+			row[k] = i
+		}
+	}
+	return row, nil
+}
+
+// requireShardsExact waits until replaying each shard's JSONL file (every
+// shard, or those listed) gives the shard's rows as vtgate reads them from
+// its primary, then checks that
+// no position is stored twice and positions increase in each file.
+func (v *vtEnv) requireShardsExact(out string, within time.Duration, only ...string) {
+	v.t.Helper()
+	v.eventually("replaying the sink gives every shard's rows", within, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		lines, err := jsonl.ReadDir(out)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, shard := range vitessbed.Shards {
+			if len(only) > 0 && !slices.Contains(only, shard) {
+				continue
+			}
+			var recs []source.Record
+			for _, l := range lines[shard] {
+				r, err := l.Record()
+				if err != nil {
+					return false, err.Error()
+				}
+				recs = append(recs, r)
+			}
+			got, err := replayVitess(recs)
+			if err != nil {
+				return false, fmt.Sprintf("%s: %v", shard, err)
+			}
+			want, err := v.bed.ShardRows(ctx, shard)
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, table := range vitessbed.Tables {
+				if !reflect.DeepEqual(want[table], got[table]) {
+					return false, fmt.Sprintf("%s %s: %d rows replayed, %d in the source%s", shard, table, len(got[table]), len(want[table]),
+						firstDiff(want[table], got[table]))
+				}
+			}
+		}
+		return true, ""
+	})
+	r, err := jsonl.DigestDir(out)
+	require.NoError(v.t, err)
+	require.Empty(v.t, r.Duplicates, "no (tablet, position) twice")
+	v.requireOrdered(out)
+}
+
+// firstDiff names a key whose rows differ, for a failure message.
+func firstDiff(want, got vitessbed.Rows) string {
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if !reflect.DeepEqual(want[k], got[k]) {
+			return fmt.Sprintf("; key %s: source %v, replayed %v", k, want[k], got[k])
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(got)) {
+		if _, ok := want[k]; !ok {
+			return fmt.Sprintf("; key %s replayed, not in the source: %v", k, got[k])
+		}
+	}
+	return ""
+}
+
+// waitStarted waits until the sink holds a checkpoint of every shard: the
+// stream starts each shard at its position when its tablet first reads,
+// and changes made before are not due, so a test's writes begin after.
+func (v *vtEnv) waitStarted(out string) {
+	v.t.Helper()
+	v.eventually("every shard has a checkpoint in the sink", time.Minute, func() (bool, string) {
+		for _, shard := range vitessbed.Shards {
+			if sinkCheckpoint(out, shard).IsZero() {
+				return false, shard + " has no checkpoint yet"
+			}
+		}
+		return true, ""
+	})
+}
+
+// sinkCheckpoint is the latest checkpoint in a tablet's manifest (the
+// JSONL sink's commit record: two slots of one JSON line each), read
+// without the sink's lock; zero if none.
+func sinkCheckpoint(out, tablet string) source.Checkpoint {
+	var cp source.Checkpoint
+	b, err := os.ReadFile(filepath.Join(out, tablet+".manifest.json"))
+	if err != nil {
+		return cp
+	}
+	for line := range bytes.Lines(b) {
+		var slot struct {
+			Manifest struct {
+				Checkpoint source.Checkpoint `json:"checkpoint"`
+			} `json:"manifest"`
+		}
+		if json.Unmarshal(line, &slot) == nil {
+			cp = source.Max(cp, slot.Manifest.Checkpoint)
+		}
+	}
+	return cp
+}
+
+// isPrimary reports whether an alias is one of the bed's primaries (cell
+// zone1).
+func isPrimary(alias string) bool { return strings.HasPrefix(alias, vitessbed.PrimaryCell+"-") }
+
+func TestVitessStreamFromReplicasIsExactThroughAWorkerKill(t *testing.T) {
+	v := newVTEnv(t)
+	worker := v.startWorker()
+	out := filepath.Join(v.dir, "out")
+	const stream = "vt"
+	v.startStream(stream, v.config(out, map[string]any{"topologyRefresh": "2s"}))
+
+	// Both shards stream from a replica (REPLICA before PRIMARY by default).
+	st := v.waitStatus(stream, "both shards streaming from a replica", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		ok, why := allStreaming(len(vitessbed.Shards))(st)
+		for _, tab := range st.Tablets {
+			ok = ok && tab.Replica != "" && !isPrimary(tab.Replica)
+		}
+		return ok, why
+	})
+	t.Logf("reading -80 from %s, 80- from %s", replicaOf(st, "-80"), replicaOf(st, "80-"))
+	v.waitStarted(out)
+	load := v.bed.StartWorkload(vitessbed.WorkloadOptions{Rate: 30, Seed: 3, KeepGoing: true})
+	v.eventually("records reach the sink", time.Minute, func() (bool, string) {
+		n := sinkRecords(out)
+		return n >= 300, fmt.Sprintf("%d records", n)
+	})
+
+	// kill -9 of the worker mid-stream.
+	worker.Kill()
+	atKill := sinkRecords(out)
+	v.startWorker()
+	v.eventually("the new worker streams", 2*time.Minute, func() (bool, string) {
+		n := sinkRecords(out)
+		return n > atKill+300, fmt.Sprintf("%d records, %d at the kill", n, atKill)
+	})
+
+	require.NoError(t, load.Stop())
+	stats := load.Stats()
+	require.Positive(t, stats.KeyUpdates, "the workload updated keys")
+	require.Positive(t, stats.MultiRowTxs, "and wrote transactions of several rows")
+	v.requireShardsExact(out, 2*time.Minute)
+	t.Logf("workload %+v; %d records in the sink, %d at the kill", stats, sinkRecords(out), atKill)
+	for _, shard := range vitessbed.Shards {
+		cp := sinkCheckpoint(out, shard)
+		require.True(t, strings.HasPrefix(cp.Opaque, "MariaDB/"), "%s: the checkpoint %s holds the shard's GTID position", shard, cp)
+	}
+}
+
+// The seed's case on a real cluster: a replica whose replication stopped
+// is picked after the stream moved past it; it answers GTIDSet Mismatch,
+// the shard moves to another vttablet, and the status shows the replica
+// excluded for that reason. With its replication started again and the
+// exclusion lifted, it serves the shard again.
+func TestVitessReplicaBehindThePositionAnswersGTIDSetMismatchAndTheShardMovesOn(t *testing.T) {
+	v := newVTEnv(t)
+	v.startWorker()
+	out := filepath.Join(v.dir, "out")
+	const stream = "vtseed"
+	// A stopped replica's lag grows as its vttablet sees it; maxLag must
+	// not be what keeps it from being picked.
+	v.startStream(stream, v.config(out, map[string]any{"topologyRefresh": "2s",
+		"selection": map[string]any{"maxLag": "1h"}}))
+	st := v.waitStatus(stream, "both shards streaming from a replica", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		ok, why := allStreaming(len(vitessbed.Shards))(st)
+		for _, tab := range st.Tablets {
+			ok = ok && tab.Replica != "" && !isPrimary(tab.Replica)
+		}
+		return ok, why
+	})
+	v.waitStarted(out)
+	const shard = "-80"
+	reading := replicaOf(st, shard)
+	var behind *vitessbed.Tablet
+	for _, r := range v.bed.Replicas(shard) {
+		if r.Alias != reading {
+			behind = r
+		}
+	}
+	require.NotNil(t, behind)
+	t.Logf("%s reads from %s; %s falls behind", shard, reading, behind.Alias)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	require.NoError(t, behind.StopReplication(ctx))
+	load := v.bed.StartWorkload(vitessbed.WorkloadOptions{Rate: 30, Seed: 7, KeepGoing: true})
+	// The stream moves past the stopped replica's position.
+	stopped, err := behind.Position(ctx)
+	require.NoError(t, err)
+	v.eventually(shard+" past the stopped replica", time.Minute, func() (bool, string) {
+		cp := sinkCheckpoint(out, shard)
+		return cp.Compare(source.Checkpoint{Term: gtidCount(t, stopped)}) > 0,
+			fmt.Sprintf("checkpoint %s in the sink, stopped replica at %s", cp, stopped)
+	})
+
+	// The operator takes the replica read out of service: the picker's
+	// next choice is the other replica (REPLICA before PRIMARY), the one
+	// behind. It answers GTIDSet Mismatch and the shard moves on, to the
+	// primary, with the replica behind excluded for that reason.
+	v.signal(stream, "exclude", fmt.Sprintf(`{"aliases": [%q], "tablet": %q, "reason": "maintenance"}`, reading, shard))
+	st = v.waitStatus(stream, shard+" off the replica behind, which is excluded as POSITION_MISMATCH", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		tab := tabletStatus(st, shard)
+		for _, e := range tab.Excluded {
+			if e.Alias == behind.Alias && strings.Contains(e.Reason, "POSITION_MISMATCH") {
+				return tab.State == workflows.Streaming && tab.Replica != behind.Alias && tab.Replica != reading, summary(st)
+			}
+		}
+		return false, fmt.Sprintf("%s; excluded %+v", summary(st), tab.Excluded)
+	})
+	t.Logf("%s: on %s, excluded %+v", shard, replicaOf(st, shard), tabletStatus(st, shard).Excluded)
+	require.True(t, isPrimary(replicaOf(st, shard)), "the primary is the one left")
+
+	// Replication started again and the exclusions lifted: with the
+	// primary and the other replica excluded, the shard reads from it.
+	require.NoError(t, behind.StartReplication(ctx))
+	require.NoError(t, behind.WaitCaughtUp(ctx))
+	v.signal(stream, "include", fmt.Sprintf(`{"aliases": [%q, %q]}`, behind.Alias, reading))
+	v.signal(stream, "exclude", fmt.Sprintf(`{"aliases": [%q, %q], "tablet": %q, "reason": "force the replica that was behind"}`,
+		reading, v.bed.Primary(shard).Alias, shard))
+	v.waitStatus(stream, shard+" back on the replica that was behind", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		tab := tabletStatus(st, shard)
+		return tab.Replica == behind.Alias && tab.State == workflows.Streaming, summary(st)
+	})
+	v.eventually("it delivers", time.Minute, func() (bool, string) {
+		before := sinkRecords(out)
+		time.Sleep(2 * time.Second)
+		n := sinkRecords(out)
+		return n > before, fmt.Sprintf("%d records", n)
+	})
+
+	require.NoError(t, load.Stop())
+	v.requireShardsExact(out, 2*time.Minute)
+	t.Logf("workload %+v", load.Stats())
+}
+
+// Every vttablet of one shard purged the binary logs holding the shard's
+// checkpoint while its tablet was paused: the tablet is Expired, saying
+// why, and the other shard streams on, exactly.
+func TestVitessShardWhoseEveryVttabletPurgedThePositionExpiresAlone(t *testing.T) {
+	v := newVTEnv(t)
+	v.startWorker()
+	out := filepath.Join(v.dir, "out")
+	const stream = "vtgone"
+	v.startStream(stream, v.config(out, map[string]any{"topologyRefresh": "2s"}))
+	v.waitStatus(stream, "both shards streaming", 2*time.Minute, allStreaming(len(vitessbed.Shards)))
+	v.waitStarted(out)
+	load := v.bed.StartWorkload(vitessbed.WorkloadOptions{Rate: 30, Seed: 9, KeepGoing: true})
+	v.eventually("records reach the sink", time.Minute, func() (bool, string) {
+		n := sinkRecords(out)
+		return n >= 100, fmt.Sprintf("%d records", n)
+	})
+
+	// -80 pauses (its reader lets go of the binary logs it read), the
+	// workload goes on, and every vttablet of -80 purges its binary logs
+	// up to past -80's checkpoint.
+	const shard = "-80"
+	v.signal(stream, "pause", fmt.Sprintf(`{"tablets": [%q]}`, shard))
+	v.waitStatus(stream, shard+" paused", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		return tabletStatus(st, shard).State == workflows.Paused, summary(st)
+	})
+	cp := sinkCheckpoint(out, shard)
+	require.NotEmpty(t, cp.Opaque)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, tab := range v.bed.Tablets() {
+		if tab.Shard != shard {
+			continue
+		}
+		v.eventually(tab.Alias+" purged past "+cp.Opaque, time.Minute, func() (bool, string) {
+			begins, err := tab.PurgeBinlogs(ctx, cp.Opaque)
+			return err == nil, fmt.Sprintf("binary logs begin at %s: %v", begins, err)
+		})
+	}
+
+	v.signal(stream, "resume", fmt.Sprintf(`{"tablets": [%q]}`, shard))
+	st := v.waitStatus(stream, shard+" Expired, 80- streaming", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		return tabletStatus(st, shard).State == workflows.Expired && tabletStatus(st, "80-").State == workflows.Streaming, summary(st)
+	})
+	reason := tabletStatus(st, shard).Reason
+	t.Logf("%s: %s", shard, reason)
+	require.Contains(t, reason, "no vttablet of shard -80 holds position "+cp.Opaque+" any more", "the reason says why")
+
+	require.NoError(t, load.Stop())
+	v.requireShardsExact(out, 2*time.Minute, "80-")
+}
+
+// gtidCount is the transactions a MariaDB GTID position holds (the sum of
+// its domains' sequence numbers), as the vitess source counts them.
+func gtidCount(t *testing.T, pos string) uint64 {
+	t.Helper()
+	var n uint64
+	for g := range strings.SplitSeq(strings.TrimPrefix(pos, "MariaDB/"), ",") {
+		var d, s, seq uint64
+		_, err := fmt.Sscanf(g, "%d-%d-%d", &d, &s, &seq)
+		require.NoError(t, err, pos)
+		n += seq
+	}
+	return n
+}
