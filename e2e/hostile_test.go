@@ -144,13 +144,24 @@ func TestHostileInputIsRefusedClearlyAndLosesNothing(t *testing.T) {
 	}
 	// Oversized: an update past the command bound is refused with the size;
 	// a signal past the server's payload limit is refused by the server;
-	// a long reason by signal is kept, cut to 1 KiB.
+	// one past the command bound is rejected and shown, as an update is
+	// refused; a long reason by signal within the bound is kept, cut to
+	// 1 KiB.
 	t.Run("oversized", func(t *testing.T) {
 		huge := fmt.Sprintf(`{"aliases": [%q], "reason": %q}`, alias, strings.Repeat("r", 64<<10))
 		require.ErrorContains(t, e.update(stream, "exclude", huge), "payload: ")
 		tooBig := fmt.Sprintf(`{"aliases": [%q], "reason": %q}`, alias, strings.Repeat("r", 3<<20))
 		require.Error(t, e.temporal.SignalWorkflow(context.Background(), stream, "", "exclude", json.RawMessage(tooBig)))
 		require.NoError(t, e.temporal.SignalWorkflow(context.Background(), stream, "", "exclude", json.RawMessage(huge)))
+		e.waitStatus(stream, "the signal over the bound rejected and shown", 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
+			if len(st.Rejected) == 0 {
+				return false, summary(st)
+			}
+			last := st.Rejected[len(st.Rejected)-1]
+			return last.Signal == "exclude" && strings.Contains(last.Reason, "payload: "), summary(st)
+		})
+		long := fmt.Sprintf(`{"aliases": [%q], "reason": %q}`, alias, strings.Repeat("r", 8<<10))
+		require.NoError(t, e.temporal.SignalWorkflow(context.Background(), stream, "", "exclude", json.RawMessage(long)))
 		e.waitStatus(stream, "the long reason kept, cut", 30*time.Second, func(st workflows.StreamStatus) (bool, string) {
 			for _, x := range st.Exclude {
 				if x.Alias == alias {
