@@ -68,7 +68,7 @@ func TestActivitiesNamingTheirStreamsConfigReadItOnceAndUseItsSections(t *testin
 	in := input()
 	in.Source, in.Sink, in.Sections = config.Source{Kind: "tabletd"}, config.Sink{Kind: "jsonl"}, ref
 	r.script(batch(1, 3))
-	_, err := r.run(r.activityEnv(nil), in)
+	_, err := r.run(r.activityEnv(context.Background()), in)
 	require.NoError(t, err)
 
 	picked, err := r.a.SelectReplica(context.Background(), SelectReplicaInput{Stream: testStream, Tablet: testTablet,
@@ -91,7 +91,7 @@ func TestAConfigWhoseDigestDiffersIsNotUsed(t *testing.T) {
 	r.a.Client = &configStream{raw: sectionsConfig}
 	in := input()
 	in.Sections = &ConfigRef{Stream: testStream, Digest: ConfigDigest([]byte(`{"another": "config"}`))}
-	_, err := r.run(r.activityEnv(nil), in)
+	_, err := r.run(r.activityEnv(context.Background()), in)
 	requireTyped(t, err, ErrConfigUnavailable)
 	require.Contains(t, err.Error(), "digest")
 }

@@ -456,11 +456,11 @@ type closedChecker struct{ c client.Client }
 func (k *closedChecker) CheckTablets(ctx context.Context, in activities.CheckTabletsInput) ([]activities.ClosedTablet, error) {
 	var closed []activities.ClosedTablet
 	for _, t := range in.Tablets {
-		d, err := k.c.DescribeWorkflowExecution(ctx, t.WorkflowID, "")
+		d, err := k.c.DescribeWorkflow(ctx, t.WorkflowID, "")
 		if err != nil {
 			return nil, err
 		}
-		if s := d.WorkflowExecutionInfo.Status; s != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
+		if s := d.RawResponse.GetWorkflowExecutionInfo().GetStatus(); s != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
 			closed = append(closed, activities.ClosedTablet{Tablet: t.Tablet, Status: s.String()})
 		}
 	}
