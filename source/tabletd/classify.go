@@ -3,7 +3,6 @@ package tabletd
 import (
 	"context"
 	"errors"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -54,7 +53,7 @@ func Classify(err error) source.Classification {
 	case sourcepb.Reason_STREAM_EXPIRED:
 		return source.Classification{Action: source.Expired, Reason: "STREAM_EXPIRED"}
 	}
-	reason := codeName(st.Code())
+	reason := source.GRPCCodeName(st.Code())
 	if r := info.GetReason(); r != sourcepb.Reason_REASON_UNSPECIFIED && r != sourcepb.Reason_INJECTED {
 		reason = r.String()
 	}
@@ -74,24 +73,4 @@ func errorInfo(st *status.Status) *sourcepb.ErrorInfo {
 		}
 	}
 	return nil
-}
-
-// codeName returns a code's canonical name ("UNAVAILABLE"), as gRPC's
-// status codes document them; codes.Code's String is CamelCase.
-func codeName(c codes.Code) string {
-	if n, ok := codeNames[c]; ok {
-		return n
-	}
-	return strings.ToUpper(c.String())
-}
-
-var codeNames = map[codes.Code]string{
-	codes.OK: "OK", codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN",
-	codes.InvalidArgument: "INVALID_ARGUMENT", codes.DeadlineExceeded: "DEADLINE_EXCEEDED",
-	codes.NotFound: "NOT_FOUND", codes.AlreadyExists: "ALREADY_EXISTS",
-	codes.PermissionDenied: "PERMISSION_DENIED", codes.ResourceExhausted: "RESOURCE_EXHAUSTED",
-	codes.FailedPrecondition: "FAILED_PRECONDITION", codes.Aborted: "ABORTED",
-	codes.OutOfRange: "OUT_OF_RANGE", codes.Unimplemented: "UNIMPLEMENTED",
-	codes.Internal: "INTERNAL", codes.Unavailable: "UNAVAILABLE", codes.DataLoss: "DATA_LOSS",
-	codes.Unauthenticated: "UNAUTHENTICATED",
 }

@@ -142,14 +142,14 @@ func classifyStatus(code codes.Code, msg string) source.Classification {
 	}
 	switch code {
 	case codes.FailedPrecondition, codes.Unavailable:
-		return retry(codeName(code))
+		return retry(source.GRPCCodeName(code))
 	case codes.InvalidArgument:
 		if strings.Contains(msg, gtidSetMismatch) {
 			return source.Classification{Action: source.RetryElsewhere, Reason: "POSITION_MISMATCH"}
 		}
-		return fatal(codeName(code))
+		return fatal(source.GRPCCodeName(code))
 	case codes.Internal:
-		return fatal(codeName(code))
+		return fatal(source.GRPCCodeName(code))
 	}
 	errno, found := mysqlErrno(msg)
 	if found {
@@ -163,13 +163,13 @@ func classifyStatus(code codes.Code, msg string) source.Classification {
 	}
 	switch code {
 	case codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented:
-		return fatal(codeName(code))
+		return fatal(source.GRPCCodeName(code))
 	case codes.ResourceExhausted:
 		if packetTooLargeRe.MatchString(msg) {
 			return fatal("MESSAGE_TOO_LARGE")
 		}
 	}
-	return retry(codeName(code))
+	return retry(source.GRPCCodeName(code))
 }
 
 // mysqlErrno finds the MySQL error number a message carries, as Vitess
@@ -187,24 +187,4 @@ func mysqlErrno(msg string) (int, bool) {
 		return 1105, true // as Vitess reads a number it cannot parse: ER_UNKNOWN_ERROR
 	}
 	return n, true
-}
-
-// codeName returns a code's canonical name ("UNAVAILABLE"), as gRPC's
-// status codes document them; codes.Code's String is CamelCase.
-func codeName(c codes.Code) string {
-	if n, ok := codeNames[c]; ok {
-		return n
-	}
-	return strings.ToUpper(c.String())
-}
-
-var codeNames = map[codes.Code]string{
-	codes.OK: "OK", codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN",
-	codes.InvalidArgument: "INVALID_ARGUMENT", codes.DeadlineExceeded: "DEADLINE_EXCEEDED",
-	codes.NotFound: "NOT_FOUND", codes.AlreadyExists: "ALREADY_EXISTS",
-	codes.PermissionDenied: "PERMISSION_DENIED", codes.ResourceExhausted: "RESOURCE_EXHAUSTED",
-	codes.FailedPrecondition: "FAILED_PRECONDITION", codes.Aborted: "ABORTED",
-	codes.OutOfRange: "OUT_OF_RANGE", codes.Unimplemented: "UNIMPLEMENTED",
-	codes.Internal: "INTERNAL", codes.Unavailable: "UNAVAILABLE", codes.DataLoss: "DATA_LOSS",
-	codes.Unauthenticated: "UNAUTHENTICATED",
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tabletflow/tabletflow/testbed/bins"
 	"github.com/tabletflow/tabletflow/tlsfiles"
 )
 
@@ -61,7 +62,7 @@ func Bin() (string, error) {
 		}
 		return dir, nil
 	}
-	root, err := repoRoot()
+	root, err := bins.RepoRoot()
 	if err != nil {
 		return "", fmt.Errorf("%w (%s unset, %v)", ErrNoBinaries, BinEnv, err)
 	}
@@ -85,25 +86,6 @@ func hasBinaries(dir string) error {
 	return nil
 }
 
-// repoRoot is the nearest directory above the working directory with a
-// go.mod (tests run in their package's directory).
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
 // Require returns Bin's directory, or skips the test when the binaries are
 // missing — except under CI (CI=true), where a missing bed fails the test
 // rather than letting it pass unseen.
@@ -111,10 +93,7 @@ func Require(t testing.TB) string {
 	t.Helper()
 	dir, err := Bin()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("pgbed: %v", err)
-		}
-		t.Skipf("pgbed: %v", err)
+		bins.SkipOrFail(t, "pgbed", err)
 	}
 	return dir
 }

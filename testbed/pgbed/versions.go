@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/tabletflow/tabletflow/testbed/bins"
 )
 
 // Versions are the PostgreSQL major versions the postgres source supports
@@ -41,7 +43,7 @@ func BinOf(major int) (string, error) {
 			return dir, nil
 		}
 	}
-	root, err := repoRoot()
+	root, err := bins.RepoRoot()
 	if err != nil {
 		return "", fmt.Errorf("%w: PostgreSQL %d (%v)", ErrNoBinaries, major, err)
 	}
@@ -63,10 +65,7 @@ func RequireOf(t testing.TB, major int) string {
 	t.Helper()
 	dir, err := BinOf(major)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("pgbed: %v", err)
-		}
-		t.Skipf("pgbed: %v", err)
+		bins.SkipOrFail(t, "pgbed", err)
 	}
 	return dir
 }

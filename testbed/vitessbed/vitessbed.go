@@ -37,6 +37,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tabletflow/tabletflow/testbed/bins"
 )
 
 // The keyspace, its shards, tables and cells.
@@ -148,7 +150,7 @@ func findDir(env, pattern string, names []string) (string, error) {
 		}
 		return dir, nil
 	}
-	root, err := repoRoot()
+	root, err := bins.RepoRoot()
 	if err != nil {
 		return "", fmt.Errorf("%w (%s unset, %v)", ErrNoBinaries, env, err)
 	}
@@ -163,25 +165,6 @@ func findDir(env, pattern string, names []string) (string, error) {
 	return "", fmt.Errorf("%w (%s unset, nothing in %s)", ErrNoBinaries, env, filepath.Join(root, ".vitess", pattern))
 }
 
-// repoRoot is the nearest directory above the working directory with a
-// go.mod (tests run in their package's directory).
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
 // Require returns Bin's binaries, or skips the test when they are missing —
 // except under CI (CI=true), where a missing bed fails the test rather than
 // letting it pass unseen.
@@ -189,10 +172,7 @@ func Require(t testing.TB) Binaries {
 	t.Helper()
 	b, err := Bin()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("vitessbed: %v", err)
-		}
-		t.Skipf("vitessbed: %v", err)
+		bins.SkipOrFail(t, "vitessbed", err)
 	}
 	return b
 }
