@@ -274,6 +274,30 @@ func fields(raw json.RawMessage) ([]string, map[string]json.RawMessage, error) {
 	return keys, vals, nil
 }
 
+// cachedMirror returns the sink's table for a source table from the cache,
+// or loads it: the given table of sink.tables, else what load gives (nil
+// and no error: none, and nothing is cached). s.mirrors.mu is held.
+func (s *Sink) cachedMirror(ctx context.Context, table string, load func() (*mirror, error)) (*mirror, error) {
+	if m := s.mirrors.m[table]; m != nil {
+		return m, nil
+	}
+	var m *mirror
+	var err error
+	if target, ok := s.given[table]; ok {
+		m, err = s.loadGiven(ctx, table, target)
+	} else {
+		m, err = load()
+	}
+	if err != nil || m == nil {
+		return nil, err
+	}
+	if s.mirrors.m == nil {
+		s.mirrors.m = map[string]*mirror{}
+	}
+	s.mirrors.m[table] = m
+	return m, nil
+}
+
 // mirrorOf returns the mirror of a source table, making it (or the
 // columns it lacks) when needed. Tables and columns are made in
 // transactions of their own (IF NOT EXISTS: concurrent tablets may race to
@@ -282,21 +306,9 @@ func fields(raw json.RawMessage) ([]string, map[string]json.RawMessage, error) {
 func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []string) (*mirror, error) {
 	s.mirrors.mu.Lock()
 	defer s.mirrors.mu.Unlock()
-	if s.mirrors.m == nil {
-		s.mirrors.m = map[string]*mirror{}
-	}
-	m := s.mirrors.m[r.Table]
-	if m == nil {
-		var err error
-		if target, ok := s.given[r.Table]; ok {
-			m, err = s.loadGiven(ctx, r.Table, target)
-		} else {
-			m, err = s.makeMirror(ctx, r.Table, keyCols, cols)
-		}
-		if err != nil {
-			return nil, err
-		}
-		s.mirrors.m[r.Table] = m
+	m, err := s.cachedMirror(ctx, r.Table, func() (*mirror, error) { return s.makeMirror(ctx, r.Table, keyCols, cols) })
+	if err != nil {
+		return nil, err
 	}
 	if m.given != "" {
 		return m, m.fits(r.Table, keyCols, cols)
@@ -343,24 +355,20 @@ func (s *Sink) addOwner(ctx context.Context, m *mirror) error {
 func (s *Sink) truncatable(ctx context.Context, r source.Record) (*mirror, error) {
 	s.mirrors.mu.Lock()
 	defer s.mirrors.mu.Unlock()
-	if s.mirrors.m == nil {
-		s.mirrors.m = map[string]*mirror{}
-	}
-	m := s.mirrors.m[r.Table]
-	if m == nil {
-		var err error
-		if target, ok := s.given[r.Table]; ok {
-			m, err = s.loadGiven(ctx, r.Table, target)
-		} else {
-			var name string
-			if name, err = s.mirrorTable(ctx, r.Table, nil); err == nil && name != "" {
-				m, err = s.loadMirror(ctx, pgx.Identifier{s.schema, name}.Sanitize())
-			}
-		}
-		if err != nil || m == nil || len(m.cols) == 0 {
+	m, err := s.cachedMirror(ctx, r.Table, func() (*mirror, error) {
+		// A truncate makes no table: only one already there is loaded.
+		name, err := s.mirrorTable(ctx, r.Table, nil)
+		if err != nil || name == "" {
 			return nil, err
 		}
-		s.mirrors.m[r.Table] = m
+		m, err := s.loadMirror(ctx, pgx.Identifier{s.schema, name}.Sanitize())
+		if err != nil || len(m.cols) == 0 {
+			return nil, err
+		}
+		return m, nil
+	})
+	if err != nil || m == nil {
+		return nil, err
 	}
 	if !m.cols[ownerCol] {
 		if m.given != "" {
