@@ -1,11 +1,16 @@
-// Package bins finds what the Makefile caches for the test beds (their
-// servers' binaries) from a test, and ends a test whose bed cannot run.
+// Package bins is what the test beds share: where they find the binaries
+// the Makefile caches, who their servers run as, and ending a test whose
+// bed cannot run.
 package bins
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
+	"syscall"
 	"testing"
 )
 
@@ -38,4 +43,29 @@ func SkipOrFail(t testing.TB, bed string, err error) {
 		t.Fatalf("%s: %v", bed, err)
 	}
 	t.Skipf("%s: %v", bed, err)
+}
+
+// ErrNoUser: running as root, the unprivileged user the servers must run
+// as does not exist.
+var ErrNoUser = errors.New("no such user")
+
+// Credential is who a bed's servers run as: nil when this process is not
+// root (they run as we do), else the unprivileged user name, with no
+// supplementary groups (an empty Groups with NoSetGroups false clears
+// them, so access checks need only the owner, group and other bits).
+// Database servers refuse to run as root.
+func Credential(name string) (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: running as root, the servers need the unprivileged user %s: %v", ErrNoUser, name, err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil || uid == 0 {
+		return nil, fmt.Errorf("user %s (uid %s, gid %s) cannot run the servers", name, u.Uid, u.Gid)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
 }

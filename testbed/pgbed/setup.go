@@ -9,12 +9,12 @@ import (
 	"maps"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/tabletflow/tabletflow/testbed/bins"
 )
 
 // runAs is who the servers run as: an unprivileged user when we are root
@@ -25,22 +25,14 @@ type runAs struct {
 }
 
 func lookupRunAs(name string) (runAs, error) {
-	if os.Geteuid() != 0 {
+	cred, err := bins.Credential(name)
+	switch {
+	case err != nil:
+		return runAs{}, fmt.Errorf("pgbed: %w", err)
+	case cred == nil:
 		return runAs{name: "current user"}, nil
 	}
-	u, err := user.Lookup(name)
-	if err != nil {
-		return runAs{}, fmt.Errorf("pgbed: running as root, servers need an unprivileged user: %w", err)
-	}
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err1 != nil || err2 != nil || uid == 0 {
-		return runAs{}, fmt.Errorf("pgbed: user %s (uid %s, gid %s) cannot run the servers", name, u.Uid, u.Gid)
-	}
-	// No supplementary groups (an empty Groups with NoSetGroups false clears
-	// them), so the access checks below need only the owner, group and other
-	// bits.
-	return runAs{name: name, cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}, nil
+	return runAs{name: name, cred: cred}, nil
 }
 
 // sysProcAttr starts a process as the user.

@@ -10,15 +10,14 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/tabletflow/tabletflow/testbed"
+	"github.com/tabletflow/tabletflow/testbed/bins"
 )
 
 // runAs is who the servers run as: an unprivileged user when we are root
@@ -28,20 +27,24 @@ type runAs struct {
 	name string
 }
 
+// vitessErr names the bed in a user lookup's error; a missing user counts
+// as a bed that cannot run here (ErrNoBinaries: skipped outside CI).
+func vitessErr(err error) error {
+	if errors.Is(err, bins.ErrNoUser) {
+		return fmt.Errorf("%w: %v", ErrNoBinaries, err)
+	}
+	return fmt.Errorf("vitessbed: %w", err)
+}
+
 func lookupRunAs(name string) (runAs, error) {
-	if os.Geteuid() != 0 {
+	cred, err := bins.Credential(name)
+	switch {
+	case err != nil:
+		return runAs{}, vitessErr(err)
+	case cred == nil:
 		return runAs{name: "current user"}, nil
 	}
-	u, err := user.Lookup(name)
-	if err != nil {
-		return runAs{}, fmt.Errorf("%w: running as root, the servers need the unprivileged user %s (MariaDB's package makes it): %v", ErrNoBinaries, name, err)
-	}
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err1 != nil || err2 != nil || uid == 0 {
-		return runAs{}, fmt.Errorf("vitessbed: user %s (uid %s, gid %s) cannot run the servers", name, u.Uid, u.Gid)
-	}
-	return runAs{name: name, cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}, nil
+	return runAs{name: name, cred: cred}, nil
 }
 
 // chown gives path to the user (nothing to do when not root).
