@@ -59,7 +59,7 @@ BINARIES := tabletd worker starter
 DEBS := chromium,chromium-browser,google-chrome:chromium npm:npm
 DEBS_NO_RECOMMENDS := mariadbd,/usr/sbin/mariadbd:mariadb-server mariadb:mariadb-client
 
-.PHONY: all build debs vitess test chaos fuzz bench bench-postgres bench-full soak proto lint demo demo-postgres stop tools clean pg
+.PHONY: all build debs vitess test chaos fuzz bench bench-postgres bench-full soak proto lint demo demo-postgres demo-vitess stop tools clean pg
 
 all: build
 
@@ -225,8 +225,12 @@ demo-postgres: build $(BIN)/temporal pg ## like demo, with a PostgreSQL bed (3 s
 	go build -o $(BIN)/ ./demo/pgbed
 	demo/demo-postgres.sh
 
-stop: ## stop what `make demo` and `make demo-postgres` started, by recorded process IDs
-	@. demo/lib.sh && for name in worker pgbed tabletd temporal; do stop_proc $$name; done
+demo-vitess: debs build $(BIN)/temporal vitess ## like demo, with the Vitess bed (2 shards × primary + 2 replicas, vtgate) as the source
+	go build -o $(BIN)/ ./demo/vitessbed
+	demo/demo-vitess.sh
+
+stop: ## stop what `make demo`, `make demo-postgres` and `make demo-vitess` started, by recorded process IDs
+	@. demo/lib.sh && for name in worker vitessbed pgbed tabletd temporal; do stop_proc $$name; done
 
 clean: stop
 	rm -rf $(BIN) $(DATA)

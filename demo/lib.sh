@@ -82,7 +82,9 @@ stream_running() {
 
 # new_source ID OUT WHY: the source was (re)started with new data, so the
 # stream ID the Temporal server remembers, and its sink OUT, belong to the
-# old one: end the stream and its tablets, and empty OUT.
+# old one: end the stream and its tablets, and empty OUT. OUT is made again
+# at once: a running worker's JSONL sink made it when it first opened it,
+# and only opens files in it from then on.
 new_source() {
   if stream_running "$1"; then
     echo "$3: ending the old stream $1 and its tablets, starting a new one"
@@ -90,7 +92,10 @@ new_source() {
       --reason "$3" --yes >/dev/null
     for _ in $(seq 50); do stream_running "$1" || break; sleep 0.2; done
   fi
-  rm -rf "$2"
+  if [ -n "$2" ]; then
+    rm -rf "$2"
+    mkdir -p "$2"
+  fi
 }
 
 # start_stream ID CONFIG: start the stream unless it runs.
