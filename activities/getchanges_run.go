@@ -258,7 +258,7 @@ func (r *changesRun) open(replica source.Replica, log *zap.Logger) (*reading, er
 	in := r.in
 	return &reading{rd: rd, slots: slots, pl: startPoller(r.ctx, rd, source.ChangesRequest{
 		Stream: in.Stream, Tablet: in.Tablet, From: r.res.Checkpoint,
-		MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(),
+		MaxRecords: in.Batch.MaxRecords, MaxWait: in.Batch.MaxWait.D(), StartFrom: source.StartFrom(in.StartFrom),
 	}, in.Batch.LingerD(), r.a.now, log, r.a.Metrics, r.a.Busy)}, nil
 }
 

@@ -75,7 +75,10 @@ type GetChangesInput struct {
 	// sink that holds nothing for the tablet is expected only while the
 	// workflow's checkpoint is still Start.
 	Start source.Checkpoint `json:"start,omitzero"`
-	Batch config.Batch      `json:"batch"`
+	// StartFrom is the stream's startFrom, which a zero Checkpoint means
+	// to a source that keeps no stream on its servers (vitess).
+	StartFrom string       `json:"startFrom,omitempty"`
+	Batch     config.Batch `json:"batch"`
 	// RunFor bounds the run; it returns after about this long.
 	RunFor config.Duration `json:"runFor"`
 	// Retention is the source's retention, for the headroom metric (0:

@@ -183,6 +183,9 @@ type ChangesRequest struct {
 	From       Checkpoint
 	MaxRecords int
 	MaxWait    time.Duration
+	// StartFrom is the stream's start, for a source that keeps nothing
+	// of a stream on its servers (vitess): what a zero From means.
+	StartFrom StartFrom
 }
 
 // Batch is what one GetChanges returns.

@@ -592,11 +592,12 @@ const inlineSections = 4 << 10
 // tabletConfig is the stream config as a tablet uses it: the source and
 // sink sections (the kind only, with sections naming them, when together
 // they are over inlineSections), the tunables and the report rate; not
-// the start position, the topology refresh or the operator's initial
-// exclusions. Each tablet's input is in the stream's history, once per
-// tablet.
+// the topology refresh or the operator's initial exclusions. The
+// stream's startFrom rides along: a source that keeps no stream on its
+// servers (vitess) reads a tablet's zero checkpoint by it. Each tablet's
+// input is in the stream's history, once per tablet.
 func (s *stream) tabletConfig() (config.Stream, *activities.ConfigRef) {
-	c := config.Stream{Source: s.cfg.Source, Sink: s.cfg.Sink, Selection: s.cfg.Selection, Retry: s.cfg.Retry,
+	c := config.Stream{Source: s.cfg.Source, Sink: s.cfg.Sink, StartFrom: s.cfg.StartFrom, Selection: s.cfg.Selection, Retry: s.cfg.Retry,
 		AutoExcludeTTL: s.cfg.AutoExcludeTTL, Batch: s.cfg.Batch, Run: s.cfg.Run, ReportRate: s.cfg.ReportRate}
 	if len(s.cfg.Source.Spec)+len(s.cfg.Sink.Spec) <= inlineSections {
 		return c, nil

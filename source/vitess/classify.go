@@ -20,6 +20,9 @@ type Error struct {
 	Action source.Action
 	Reason string
 	Msg    string
+	// For Split: the new shards and the hand-off they start from.
+	Children []string
+	Handoff  source.Checkpoint
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -110,7 +113,7 @@ func Classify(err error) source.Classification {
 	}
 	var own *Error
 	if errors.As(err, &own) {
-		return source.Classification{Action: own.Action, Reason: own.Reason}
+		return source.Classification{Action: own.Action, Reason: own.Reason, Children: own.Children, Handoff: own.Handoff}
 	}
 	if errors.Is(err, source.ErrBadCheckpoint) {
 		return source.Classification{Action: source.Fatal, Reason: "BAD_CHECKPOINT"}

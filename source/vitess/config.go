@@ -43,7 +43,11 @@ type StaticAuth struct {
 
 // Adapter is the Vitess source's kind "vitess".
 var Adapter = source.Adapter{
-	Kind: config.NewKind("vitess", ParseConfig),
+	Kind: func() config.Kind {
+		k := config.NewKind("vitess", ParseConfig)
+		k.Snapshot = true
+		return k
+	}(),
 	Open: func(cfg config.Source) (source.Source, error) {
 		c, err := ParseConfig(cfg.Spec)
 		if err != nil {

@@ -24,6 +24,9 @@ func TestDecodeAcceptsAVitessSource(t *testing.T) {
 	c, err := vitess.ParseConfig(got.Source.Spec)
 	require.NoError(t, err)
 	require.Equal(t, vitess.Config{Kind: "vitess", VTCtld: "127.0.0.1:15999", Keyspace: "commerce", Tables: []string{"customer", "corder"}}, c)
+	snap, err := config.Decode([]byte("{" + strings.Replace(vtSource, `"latest"`, `"snapshot"`, 1) + "}"))
+	require.NoError(t, err, "a vitess stream may start from a copy of its tables")
+	require.Equal(t, "snapshot", snap.StartFrom)
 
 	// Tables are optional (every table of the keyspace); TLS and static
 	// auth name files and a variable.
@@ -73,8 +76,6 @@ func TestDecodeRejectsBadVitessSourcesNamingTheField(t *testing.T) {
 		// A postgres source's fields are not this one's.
 		{name: "shards", in: edit(`"keyspace": "commerce",`, `"keyspace": "commerce", "shards": [],`), wantPrefix: "source.shards: unknown field"},
 		{name: "tokenEnv", in: edit(`"keyspace": "commerce",`, `"keyspace": "commerce", "tokenEnv": "T",`), wantPrefix: "source.tokenEnv: unknown field"},
-		// Vitess keeps no copy to start from.
-		{name: "snapshot", in: edit(`"startFrom": "latest"`, `"startFrom": "snapshot"`), wantPrefix: `startFrom: "snapshot": the vitess source cannot start from a copy`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -41,11 +41,28 @@ type decoder struct {
 	// beat: the last event was a HEARTBEAT (the vttablet had nothing to
 	// send for about a second).
 	beat bool
+	// copy is where the copy of a stream that starts from a snapshot
+	// stands (see copy.go); nil once COPY_COMPLETED came, or never copying.
+	copy *copyState
+	// keyspace and streamed (the stream's tables; none: all) say which
+	// journals concern the stream.
+	keyspace string
+	streamed []string
+	// split: a JOURNAL handed the shard over to new shards, at the end
+	// of the transactions ready; the stream ends there (later events are
+	// not read).
+	split *Error
+	ended bool
 }
 
 // txn is a transaction being received.
 type txn struct {
 	records []source.Record
+	// lastpk: a transaction of the copy, its rows copied, ending with the
+	// last primary key of its table copied (or the table's end).
+	lastpk *binlogdatapb.LastPKEvent
+	// journal: the transaction wrote a resharding journal.
+	journal *binlogdatapb.Journal
 }
 
 // whole is a transaction received to its commit: its records, numbered,
@@ -70,6 +87,9 @@ func (d *decoder) add(events []*binlogdatapb.VEvent) error {
 }
 
 func (d *decoder) event(ev *binlogdatapb.VEvent) error {
+	if d.ended {
+		return nil
+	}
 	d.beat = false
 	switch ev.Type {
 	case binlogdatapb.VEventType_BEGIN:
@@ -111,14 +131,27 @@ func (d *decoder) event(ev *binlogdatapb.VEvent) error {
 	case binlogdatapb.VEventType_HEARTBEAT:
 		d.beat = true
 	case binlogdatapb.VEventType_JOURNAL:
-		return journalError(d.shard, ev.Journal)
+		if d.open == nil {
+			d.open = &txn{}
+		}
+		d.open.journal = ev.Journal
+	case binlogdatapb.VEventType_LASTPK:
+		if d.copy == nil || ev.LastPKEvent.GetTableLastPK() == nil {
+			return fmt.Errorf("shard %s sent a LASTPK event outside a copy", d.shard)
+		}
+		if d.open == nil {
+			return fmt.Errorf("LASTPK event of %s outside a transaction on shard %s", ev.LastPKEvent.TableLastPK.TableName, d.shard)
+		}
+		d.open.lastpk = ev.LastPKEvent
+	case binlogdatapb.VEventType_COPY_COMPLETED:
+		d.copy = nil
 	case binlogdatapb.VEventType_INSERT, binlogdatapb.VEventType_UPDATE, binlogdatapb.VEventType_DELETE,
 		binlogdatapb.VEventType_REPLACE:
 		return newError(source.Fatal, "STATEMENT_BINLOG",
 			"shard %s sent a statement-based change (%s): the stream needs row-based binary logs (binlog_format=ROW)", d.shard, ev.Type)
 	}
-	// VGTID, LASTPK, COPY_COMPLETED, VERSION, SAVEPOINT, ROWS_QUERY,
-	// PREVIOUS_GTIDS, SET: nothing to deliver.
+	// VGTID, VERSION, SAVEPOINT, ROWS_QUERY, PREVIOUS_GTIDS, SET:
+	// nothing to deliver.
 	return nil
 }
 
@@ -178,23 +211,48 @@ func (d *decoder) row(ev *binlogdatapb.VEvent) error {
 }
 
 // commit ends the open transaction at the last GTID event's position.
+// The rows of a transaction of the copy are Read records, numbered after
+// the records delivered at the same position before (see copy.go).
 func (d *decoder) commit(ev *binlogdatapb.VEvent) error {
 	open := d.open
 	d.open = nil
+	if open != nil && open.journal != nil {
+		split, err := d.journal(open.journal)
+		if err != nil || split == nil {
+			return err
+		}
+		d.split, d.ended = split, true
+	}
+	if open != nil && open.lastpk != nil {
+		d.copy.advance(open.lastpk)
+	}
 	if open == nil || len(open.records) == 0 {
 		return d.advance()
 	}
 	if d.gtid == "" {
 		return fmt.Errorf("COMMIT without a GTID position on shard %s", d.shard)
 	}
-	cp, err := d.next(uint64(len(open.records)))
+	var base uint64 // records delivered at the position before
+	if open.lastpk != nil {
+		c, err := count(d.gtid)
+		if err != nil {
+			return newError(source.Fatal, "BAD_POSITION", "shard %s: %v", d.shard, err)
+		}
+		if c == d.last.Term {
+			base = d.last.Index
+		}
+		for i := range open.records {
+			open.records[i].Op = source.Read
+		}
+	}
+	cp, err := d.next(base, uint64(len(open.records)))
 	if err != nil {
 		return err
 	}
 	at := time.Unix(ev.Timestamp, 0).UTC()
 	for i := range open.records {
 		r := &open.records[i]
-		r.Position = source.Checkpoint{Term: cp.Term, Index: uint64(i + 1)}
+		r.Position = source.Checkpoint{Term: cp.Term, Index: base + uint64(i+1)}
 		r.CommitTime = at
 	}
 	d.ready = append(d.ready, whole{cp: cp, records: open.records})
@@ -208,7 +266,7 @@ func (d *decoder) truncate(table string, ts int64) error {
 	if d.gtid == "" {
 		return fmt.Errorf("TRUNCATE of %s without a GTID position on shard %s", table, d.shard)
 	}
-	cp, err := d.next(1)
+	cp, err := d.next(0, 1)
 	if err != nil {
 		return err
 	}
@@ -255,7 +313,7 @@ func (d *decoder) advance() error {
 	if c <= d.last.Term {
 		return nil // where the read started, or a statement with no transaction of its own
 	}
-	cp, err := d.next(0)
+	cp, err := d.next(0, 0)
 	if err != nil {
 		return err
 	}
@@ -264,37 +322,29 @@ func (d *decoder) advance() error {
 }
 
 // next is the checkpoint at the last GTID event's position after n
-// records, which must be after every one before it.
-func (d *decoder) next(n uint64) (source.Checkpoint, error) {
-	cp, err := checkpointAt(d.gtid, n)
+// records delivered there after base others, which must be after every
+// one before it: at a new position (base 0), or, for the copy's rows, at
+// the position of the records before them after their base.
+func (d *decoder) next(base, n uint64) (source.Checkpoint, error) {
+	opaque := d.gtid
+	if d.copy != nil {
+		suffix, err := d.copy.suffix()
+		if err != nil {
+			return source.Checkpoint{}, err
+		}
+		opaque += suffix
+	}
+	cp, err := checkpointAt(opaque, base+n)
 	if err != nil {
 		return source.Checkpoint{}, newError(source.Fatal, "BAD_POSITION", "shard %s: %v", d.shard, err)
 	}
-	if cp.Term <= d.last.Term {
+	if cp.Term < d.last.Term || cp.Term == d.last.Term && (base == 0 || cp.Index <= d.last.Index) {
 		return source.Checkpoint{}, newError(source.Fatal, "POSITION_ORDER",
 			"shard %s: a transaction at %s comes after %s, whose position holds as many transactions or more: the vttablets' GTID histories differ",
 			d.shard, cp.Opaque, d.last)
 	}
 	d.last = cp
 	return cp, nil
-}
-
-// journalError is what a JOURNAL event means for the stream: the shard's
-// traffic was switched by a Reshard or MoveTables. Following it (the
-// tablet splits into the new shards, each from the journal's position) is
-// not done yet: the tablet fails, naming where each new shard starts.
-func journalError(shard string, j *binlogdatapb.Journal) error {
-	var to []string
-	for _, sg := range j.GetShardGtids() {
-		to = append(to, sg.GetKeyspace()+"/"+sg.GetShard()+" at "+sg.GetGtid())
-	}
-	kind := "a Reshard"
-	if j.GetMigrationType() == binlogdatapb.MigrationType_TABLES {
-		kind = "a MoveTables"
-	}
-	return newError(source.Fatal, "RESHARDED",
-		"shard %s ended: %s switched its traffic (journal %d) to %s; following a resharding is not supported yet: start a new stream",
-		shard, kind, j.GetId(), strings.Join(to, ", "))
 }
 
 // take returns up to max records of whole transactions (one larger than

@@ -210,18 +210,6 @@ func TestAPositionThatGoesBackIsRefused(t *testing.T) {
 	require.Equal(t, source.Classification{Action: source.Fatal, Reason: "POSITION_ORDER"}, Classify(err))
 }
 
-func TestAJournalEndsTheShardNamingTheNewShards(t *testing.T) {
-	d := newDecoder("-80", source.Checkpoint{Term: 5, Opaque: "MariaDB/0-1-5"})
-	err := d.add([]*binlogdatapb.VEvent{begin(), {Type: binlogdatapb.VEventType_JOURNAL, Journal: &binlogdatapb.Journal{
-		Id: 7, MigrationType: binlogdatapb.MigrationType_SHARDS,
-		ShardGtids: []*binlogdatapb.ShardGtid{
-			{Keyspace: "commerce", Shard: "-40", Gtid: "MariaDB/0-300-1"},
-			{Keyspace: "commerce", Shard: "40-80", Gtid: "MariaDB/0-400-1"}},
-		Participants: []*binlogdatapb.KeyspaceShard{{Keyspace: "commerce", Shard: "-80"}}}}})
-	require.Equal(t, source.Classification{Action: source.Fatal, Reason: "RESHARDED"}, Classify(err))
-	require.ErrorContains(t, err, "commerce/-40 at MariaDB/0-300-1, commerce/40-80 at MariaDB/0-400-1")
-}
-
 func TestEventsTheStreamCannotTakeAreErrors(t *testing.T) {
 	from := source.Checkpoint{Term: 1, Opaque: "MariaDB/0-1-1"}
 	tests := []struct {

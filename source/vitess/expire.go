@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	binlogdatapb "vitess.io/vitess/go/vt/proto/binlogdata"
+
 	"github.com/tabletflow/tabletflow/source"
 )
 
@@ -60,7 +62,7 @@ func (s *Source) purged(ctx context.Context, r source.Replica, pos string) bool 
 	if r.Address == "" {
 		return false
 	}
-	vs, err := s.vstream(r, pos)
+	vs, err := s.vstream(r, &binlogdatapb.VStreamRequest{Position: pos})
 	if err != nil {
 		return false
 	}

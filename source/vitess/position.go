@@ -92,25 +92,31 @@ func count(pos string) (uint64, error) {
 
 // checkpointAt is the checkpoint at a shard's GTID position after a
 // transaction that delivered n records (0: a transaction that delivered
-// none, or an idle position).
-func checkpointAt(pos string, n uint64) (source.Checkpoint, error) {
+// none, or an idle position); opaque is the position, with the copy's
+// state after it during a copy (see copy.go).
+func checkpointAt(opaque string, n uint64) (source.Checkpoint, error) {
+	pos, _, _ := strings.Cut(opaque, copyMark)
 	c, err := count(pos)
 	if err != nil {
 		return source.Checkpoint{}, err
 	}
-	cp := source.Checkpoint{Term: c, Index: n, Opaque: pos}
+	cp := source.Checkpoint{Term: c, Index: n, Opaque: opaque}
 	if _, err := source.ParseCheckpoint(cp.String()); err != nil {
 		return source.Checkpoint{}, fmt.Errorf("GTID position %.80q does not fit in a checkpoint: %w", pos, err)
 	}
 	return cp, nil
 }
 
-// positionOf returns the GTID position a checkpoint holds, checking that
-// it is one of this adapter's: its Term is its position's count.
-func positionOf(cp source.Checkpoint) (string, error) {
-	c, err := count(cp.Opaque)
-	if err != nil || c != cp.Term {
-		return "", fmt.Errorf("%w: %q is not a Vitess checkpoint (<transactions>.<records>@<GTID position>)", source.ErrBadCheckpoint, cp.String())
+// positionOf returns the GTID position a checkpoint holds and, for one
+// taken during a copy, where the copy stands, checking that it is one of
+// this adapter's: its Term is its position's count.
+func positionOf(cp source.Checkpoint) (string, *copyState, error) {
+	pos, state, err := parseOpaque(cp.Opaque)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %q: %v", source.ErrBadCheckpoint, cp.String(), err)
 	}
-	return cp.Opaque, nil
+	if c, err := count(pos); err != nil || c != cp.Term {
+		return "", nil, fmt.Errorf("%w: %q is not a Vitess checkpoint (<transactions>.<records>@<GTID position>)", source.ErrBadCheckpoint, cp.String())
+	}
+	return pos, state, nil
 }

@@ -63,16 +63,17 @@ func TestACheckpointCarriesItsGTIDPositionAndCountsItsTransactions(t *testing.T)
 	require.Equal(t, "57.3@MariaDB/0-100-57", cp.String())
 	back, err := source.ParseCheckpoint(cp.String())
 	require.NoError(t, err)
-	pos, err := positionOf(back)
+	pos, state, err := positionOf(back)
 	require.NoError(t, err)
 	require.Equal(t, "MariaDB/0-100-57", pos)
+	require.Nil(t, state, "not taken during a copy")
 
 	// A checkpoint of another source, or one whose count does not match
 	// its position, is refused.
 	for _, s := range []string{"57.3", "56.3@MariaDB/0-100-57", "57.3@FilePos/binlog.000001:4"} {
 		cp, err := source.ParseCheckpoint(s)
 		require.NoError(t, err)
-		_, err = positionOf(cp)
+		_, _, err = positionOf(cp)
 		require.ErrorIs(t, err, source.ErrBadCheckpoint, s)
 	}
 }

@@ -25,6 +25,16 @@ const linger = 20 * time.Millisecond
 // retried and left like one that is down (a variable for tests).
 var silence = 10 * time.Second
 
+// copySilence is silence during a snapshot's copy: between two tables the
+// vttablet reads the changes since the last table's snapshot up to about
+// a second ago (its catchup) and sends only those of the tables copied,
+// without heartbeats, which under a heavy write load on the others takes
+// a while.
+var copySilence = time.Minute
+
+// copyStart names a copy's start (a VStream from no position) in errors.
+const copyStart = "the start of a copy"
+
 // events is how many VStream responses (each up to a packet of about
 // 250 KB) wait between the stream and the reader.
 const events = 16
@@ -70,7 +80,7 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	}
 	if r.vs == nil || (!req.From.IsZero() && req.From != r.pos) {
 		r.Close()
-		if err := r.open(ctx, req.From); err != nil {
+		if err := r.open(ctx, req.From, req.StartFrom); err != nil {
 			return source.Batch{}, err
 		}
 	}
@@ -80,8 +90,8 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	var lingerEnds <-chan time.Time
 	for {
 		n := r.dec.records()
-		if n >= req.MaxRecords || r.pos.IsZero() && r.dec.idle.Compare(r.pos) > 0 {
-			break // enough, or a new stream's start, returned at once
+		if n >= req.MaxRecords || r.pos.IsZero() && r.dec.idle.Compare(r.pos) > 0 || r.dec.ended {
+			break // enough, a new stream's start (returned at once), or the shard's end
 		}
 		if n > 0 && lingerEnds == nil {
 			t := time.NewTimer(linger)
@@ -114,7 +124,17 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 			break
 		}
 	}
-	if quiet := time.Since(r.vs.heard); quiet > silence {
+	if end := r.dec.split; end != nil && len(r.dec.ready) == 0 {
+		// Every transaction before the journal was returned: the shard
+		// ends here.
+		r.Close()
+		return source.Batch{}, end
+	}
+	limit := silence
+	if r.dec.copy != nil {
+		limit = copySilence
+	}
+	if quiet := time.Since(r.vs.heard); quiet > limit && !r.dec.ended {
 		vs := r.vs
 		r.Close()
 		return source.Batch{}, status.Errorf(codes.Unavailable, "vstream of shard %s from %s at %s: nothing received for %s, not even a heartbeat",
@@ -125,42 +145,92 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	return source.Batch{Records: recs, Checkpoint: cp, CaughtUp: len(r.dec.ready) == 0 && len(recs) < req.MaxRecords}, nil
 }
 
-// open starts a VStream on the vttablet at from (zero: "current", its
-// position now), of the stream's tables. The tablet's type is taken from
-// the latest listing: a tablet answers only a target of its type now.
-func (r *Reader) open(ctx context.Context, from source.Checkpoint) error {
-	pos := "current"
-	if !from.IsZero() {
-		var err error
-		if pos, err = positionOf(from); err != nil {
-			return err
-		}
-	}
+// open starts a VStream on the vttablet at from, of the stream's tables:
+// a zero from is the shard's start (startFrom "snapshot": a copy of the
+// tables, then their changes; otherwise "current", its position now); a
+// checkpoint taken during a copy goes on with it (see copy.go); a
+// hand-off starts a new shard of a Reshard at its own position. The
+// tablet's type is taken from the latest listing: a tablet answers only a
+// target of its type now.
+func (r *Reader) open(ctx context.Context, from source.Checkpoint, startFrom source.StartFrom) error {
 	rep := r.src.current(ctx, r.rep)
 	if rep.Address == "" {
 		return status.Errorf(codes.Unavailable, "vttablet %s of shard %s: %v", rep.Alias, rep.Tablet, errNoAddress)
 	}
-	vs, err := r.src.vstream(rep, pos)
+	req := &binlogdatapb.VStreamRequest{Position: "current"}
+	var state *copyState
+	pos, handoff, err := handoffPosition(from, rep.Tablet)
+	switch {
+	case err != nil:
+		return err
+	case handoff:
+		req.Position = pos
+	case from.IsZero() && startFrom == source.StartSnapshot:
+		req.Position, state = "", &copyState{}
+	case !from.IsZero():
+		if pos, state, err = positionOf(from); err != nil {
+			return err
+		}
+		req.Position = pos
+		if state != nil {
+			if err := r.src.resumeCopy(ctx, rep, state, req); err != nil {
+				return err
+			}
+		}
+	}
+	vs, err := r.src.vstream(rep, req)
 	if err != nil {
 		return err
 	}
-	r.vs, r.dec, r.pos = vs, newDecoder(rep.Tablet, from), from
+	r.vs, r.pos = vs, from
+	r.dec = newDecoder(rep.Tablet, from)
+	r.dec.keyspace, r.dec.streamed, r.dec.gtid = r.src.cfg.Keyspace, r.src.cfg.Tables, pos
+	if state != nil && (req.Position == "" || len(req.TableLastPKs) > 0) {
+		r.dec.copy = state
+	}
 	return nil
 }
 
-// vstream opens a VStream on a vttablet from a position ("current" or a
-// GTID position) and starts receiving it.
-func (s *Source) vstream(rep source.Replica, pos string) (*vstream, error) {
+// resumeCopy makes req go on with a copy from where state says it
+// stands: the table in progress after its last primary key, then every
+// later one (VStreamOptions.TablesToCopy), after the changes since the
+// position. With nothing left to copy, req streams from the position.
+func (s *Source) resumeCopy(ctx context.Context, rep source.Replica, state *copyState, req *binlogdatapb.VStreamRequest) error {
+	tables := s.cfg.Tables
+	if len(tables) == 0 {
+		var err error
+		if tables, err = s.tablesOf(ctx, rep); err != nil {
+			return err
+		}
+	}
+	left := state.toCopy(tables)
+	if len(left) == 0 {
+		return nil
+	}
+	first := &binlogdatapb.TableLastPK{TableName: left[0]}
+	if state.table == left[0] {
+		first.Lastpk = state.after
+	}
+	req.TableLastPKs = []*binlogdatapb.TableLastPK{first}
+	req.Options = &binlogdatapb.VStreamOptions{TablesToCopy: left}
+	return nil
+}
+
+// vstream opens a VStream on a vttablet, its target set here and its
+// filter the stream's tables, and starts receiving it.
+func (s *Source) vstream(rep source.Replica, req *binlogdatapb.VStreamRequest) (*vstream, error) {
 	q, err := s.query(rep.Address)
 	if err != nil {
 		return nil, err
 	}
+	req.Target = &querypb.Target{Keyspace: s.cfg.Keyspace, Shard: rep.Tablet, TabletType: vitessType(rep.Type)}
+	req.Filter = filter(s.cfg.Tables)
+	pos := req.Position
+	if pos == "" {
+		pos = copyStart
+	}
 	sctx, cancel := context.WithCancel(context.Background())
-	stream, err := q.VStream(sctx, &binlogdatapb.VStreamRequest{
-		Target:   &querypb.Target{Keyspace: s.cfg.Keyspace, Shard: rep.Tablet, TabletType: vitessType(rep.Type)},
-		Position: pos,
-		Filter:   filter(s.cfg.Tables),
-	})
+	stream, err := q.VStream(sctx, req)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("vstream of shard %s from %s at %s: %w", rep.Tablet, rep.Alias, pos, err)
@@ -201,7 +271,7 @@ func (vs *vstream) close() {
 // either.
 func (r *Reader) failed(ctx context.Context, vs *vstream) error {
 	err := fmt.Errorf("vstream of shard %s from %s at %s: %w", vs.tablet.Tablet, vs.tablet.Alias, vs.from, vs.err)
-	if Classify(vs.err).Reason != "BINLOG_PURGED" || vs.from == "current" {
+	if Classify(vs.err).Reason != "BINLOG_PURGED" || vs.from == "current" || vs.from == copyStart {
 		return err
 	}
 	if gone, why := r.src.historyGone(ctx, vs.tablet, vs.from); gone {

@@ -204,20 +204,20 @@ func TestAVttabletThatChangedTypeIsReadWithItsTypeNow(t *testing.T) {
 	require.Equal(t, primary, reqs[len(reqs)-1].Target.TabletType)
 }
 
-func TestEnsureStreamChecksTheKeyspaceAndTablesAndTakesOnlyLatest(t *testing.T) {
+func TestEnsureStreamChecksTheKeyspaceAndTablesAndTakesLatestOrSnapshot(t *testing.T) {
 	f := newFakeVitess(t, "-80", "80-")
 	f.tablet("zone1", 100, "-80", primary)
 	ctx := context.Background()
 	s := f.source("customer")
 
-	for _, from := range []source.StartFrom{source.StartEarliest, source.StartSnapshot} {
-		_, err := s.EnsureStream(ctx, source.StreamSpec{ID: "s", Tables: []string{"customer"}, StartFrom: from})
-		require.Equal(t, source.Classification{Action: source.Fatal, Reason: "START_FROM"}, Classify(err))
-		require.ErrorContains(t, err, `set "startFrom": "latest"`)
+	_, err := s.EnsureStream(ctx, source.StreamSpec{ID: "s", Tables: []string{"customer"}, StartFrom: source.StartEarliest})
+	require.Equal(t, source.Classification{Action: source.Fatal, Reason: "START_FROM"}, Classify(err))
+	require.ErrorContains(t, err, `set "startFrom": "latest" or "snapshot"`)
+	for _, from := range []source.StartFrom{source.StartLatest, source.StartSnapshot} {
+		st, err := s.EnsureStream(ctx, source.StreamSpec{ID: "s", Tables: []string{"customer"}, StartFrom: from})
+		require.NoError(t, err)
+		require.Equal(t, from, st.StartFrom)
 	}
-	st, err := s.EnsureStream(ctx, source.StreamSpec{ID: "s", Tables: []string{"customer"}, StartFrom: source.StartLatest})
-	require.NoError(t, err)
-	require.Equal(t, source.StartLatest, st.StartFrom)
 	_, err = s.EnsureStream(ctx, source.StreamSpec{ID: "s", StartFrom: source.StartLatest})
 	require.NoError(t, err, "no tables: every table of the keyspace")
 

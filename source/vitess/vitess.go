@@ -25,7 +25,9 @@
 // DeleteStream has nothing to drop and Ack nothing to tell, and the
 // history a stream can read is what each vttablet's binary logs still
 // hold. startFrom "latest" starts a shard at its position when its tablet
-// is first read; "earliest" and "snapshot" are refused.
+// is first read; "snapshot" with a copy of its tables (copy.go);
+// "earliest" is refused. A Reshard's journal splits a shard into the new
+// shards that overlap it (journal.go).
 package vitess
 
 import (
@@ -37,6 +39,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -187,16 +190,13 @@ func (s *Source) query(addr string) (queryservicepb.QueryClient, error) {
 
 // EnsureStream checks that the keyspace exists and has every table the
 // stream names, and returns the stream. Nothing is made on the servers,
-// so it is idempotent. Only startFrom "latest" is accepted: a shard starts
-// at its position when its tablet is first read.
+// so it is idempotent. startFrom "latest" starts a shard at its position
+// when its tablet is first read, "snapshot" with a copy of its tables
+// there (see copy.go); "earliest" is refused.
 func (s *Source) EnsureStream(ctx context.Context, spec source.StreamSpec) (source.Stream, error) {
-	if spec.StartFrom != source.StartLatest {
-		why := "Vitess keeps no history for a stream: a vttablet's binary logs are purged by its own settings, so the oldest change that can be read differs from one vttablet to the next"
-		if spec.StartFrom == source.StartSnapshot {
-			why = "a copy of the tables is not supported yet"
-		}
+	if spec.StartFrom != source.StartLatest && spec.StartFrom != source.StartSnapshot {
 		return source.Stream{}, newError(source.Fatal, "START_FROM",
-			"startFrom %q: a vitess stream starts from each shard's current position: set \"startFrom\": \"latest\" (%s)", spec.StartFrom, why)
+			"startFrom %q: a vitess stream starts from each shard's current position or a copy of its tables: set \"startFrom\": \"latest\" or \"snapshot\" (Vitess keeps no history for a stream: a vttablet's binary logs are purged by its own settings, so the oldest change that can be read differs from one vttablet to the next)", spec.StartFrom)
 	}
 	tctx, cancel := context.WithTimeout(ctx, topoTimeout)
 	defer cancel()
@@ -242,18 +242,14 @@ func (s *Source) checkTables(ctx context.Context, tables []string) error {
 	}
 	lastErr := fmt.Errorf("keyspace %s has no tablet to read its schema from", s.cfg.Keyspace)
 	for _, a := range aliases {
-		resp, err := s.vtctld.GetSchema(tctx, &vtctldatapb.GetSchemaRequest{TabletAlias: a, TableNamesOnly: true})
+		have, err := s.schemaTables(tctx, a)
 		if err != nil {
-			lastErr = fmt.Errorf("schema of %s on %s: %w", s.cfg.Keyspace, aliasString(a), err)
+			lastErr = err
 			continue
-		}
-		have := map[string]bool{}
-		for _, td := range resp.GetSchema().GetTableDefinitions() {
-			have[td.GetName()] = true
 		}
 		var missing []string
 		for _, t := range tables {
-			if !have[t] {
+			if !slices.Contains(have, t) {
 				missing = append(missing, t)
 			}
 		}
@@ -263,6 +259,37 @@ func (s *Source) checkTables(ctx context.Context, tables []string) error {
 		return nil
 	}
 	return lastErr
+}
+
+// schemaTables returns the tables (not the views) of the keyspace's
+// database on one vttablet, as vtctld reads its schema.
+func (s *Source) schemaTables(ctx context.Context, a *topodatapb.TabletAlias) ([]string, error) {
+	resp, err := s.vtctld.GetSchema(ctx, &vtctldatapb.GetSchemaRequest{TabletAlias: a, TableNamesOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("schema of %s on %s: %w", s.cfg.Keyspace, aliasString(a), err)
+	}
+	var out []string
+	for _, td := range resp.GetSchema().GetTableDefinitions() {
+		if td.GetType() == "" || td.GetType() == baseTable {
+			out = append(out, td.GetName())
+		}
+	}
+	return out, nil
+}
+
+// baseTable is a table's type in a schema, as against a view's.
+const baseTable = "BASE TABLE"
+
+// tablesOf returns the tables of the keyspace on a replica's vttablet.
+func (s *Source) tablesOf(ctx context.Context, rep source.Replica) ([]string, error) {
+	cell, uid, ok := strings.Cut(rep.Alias, "-")
+	n, err := strconv.ParseUint(uid, 10, 32)
+	if !ok || err != nil {
+		return nil, fmt.Errorf("%w: %q is not a Vitess tablet alias", source.ErrUnknownReplica, rep.Alias)
+	}
+	tctx, cancel := context.WithTimeout(ctx, topoTimeout)
+	defer cancel()
+	return s.schemaTables(tctx, &topodatapb.TabletAlias{Cell: cell, Uid: uint32(n)})
 }
 
 // DeleteStream has nothing to drop: a vitess stream keeps nothing on the
