@@ -205,3 +205,16 @@ func TestACopyStartsWithNoPositionAndGoesOnFromItsCheckpointOnAnyVttablet(t *tes
 	require.Nil(t, req.Options)
 	require.Equal(t, "11.1@MariaDB/0-1-11", b3.Checkpoint.String())
 }
+
+func TestACopysRowsAtThePositionOfAnIdleCheckpointFollowIt(t *testing.T) {
+	// The catchup ended at a transaction of other tables (an idle
+	// checkpoint, no records), and the next table's snapshot is at that
+	// same position.
+	d := newDecoder("-80", source.Checkpoint{Term: 244, Opaque: "MariaDB/0-1-244;copied=corder"})
+	d.keyspace, d.copy, d.gtid = "commerce", &copyState{copied: "corder"}, "MariaDB/0-1-244"
+	require.NoError(t, d.add([]*binlogdatapb.VEvent{begin(), customerFields(), rowEvent("customer", customer("1")), lastPK("customer", "1"), commit(0)}))
+	recs, cp := d.take(100, source.Checkpoint{})
+	require.Len(t, recs, 1)
+	require.Equal(t, source.Checkpoint{Term: 244, Index: 1}, recs[0].Position)
+	require.Contains(t, cp.String(), "244.1@MariaDB/0-1-244;copy=customer;after=")
+}

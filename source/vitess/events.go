@@ -245,7 +245,7 @@ func (d *decoder) commit(ev *binlogdatapb.VEvent) error {
 			open.records[i].Op = source.Read
 		}
 	}
-	cp, err := d.next(base, uint64(len(open.records)))
+	cp, err := d.next(base, uint64(len(open.records)), open.lastpk != nil)
 	if err != nil {
 		return err
 	}
@@ -266,7 +266,7 @@ func (d *decoder) truncate(table string, ts int64) error {
 	if d.gtid == "" {
 		return fmt.Errorf("TRUNCATE of %s without a GTID position on shard %s", table, d.shard)
 	}
-	cp, err := d.next(0, 1)
+	cp, err := d.next(0, 1, false)
 	if err != nil {
 		return err
 	}
@@ -313,7 +313,7 @@ func (d *decoder) advance() error {
 	if c <= d.last.Term {
 		return nil // where the read started, or a statement with no transaction of its own
 	}
-	cp, err := d.next(0, 0)
+	cp, err := d.next(0, 0, false)
 	if err != nil {
 		return err
 	}
@@ -323,9 +323,9 @@ func (d *decoder) advance() error {
 
 // next is the checkpoint at the last GTID event's position after n
 // records delivered there after base others, which must be after every
-// one before it: at a new position (base 0), or, for the copy's rows, at
+// one before it: at a new position, or, for the copy's rows (copied), at
 // the position of the records before them after their base.
-func (d *decoder) next(base, n uint64) (source.Checkpoint, error) {
+func (d *decoder) next(base, n uint64, copied bool) (source.Checkpoint, error) {
 	opaque := d.gtid
 	if d.copy != nil {
 		suffix, err := d.copy.suffix()
@@ -338,7 +338,7 @@ func (d *decoder) next(base, n uint64) (source.Checkpoint, error) {
 	if err != nil {
 		return source.Checkpoint{}, newError(source.Fatal, "BAD_POSITION", "shard %s: %v", d.shard, err)
 	}
-	if cp.Term < d.last.Term || cp.Term == d.last.Term && (base == 0 || cp.Index <= d.last.Index) {
+	if !(cp.Term > d.last.Term || copied && cp.Term == d.last.Term && cp.Index > d.last.Index) {
 		return source.Checkpoint{}, newError(source.Fatal, "POSITION_ORDER",
 			"shard %s: a transaction at %s comes after %s, whose position holds as many transactions or more: the vttablets' GTID histories differ",
 			d.shard, cp.Opaque, d.last)
