@@ -59,7 +59,7 @@ BINARIES := tabletd worker starter
 DEBS := chromium,chromium-browser,google-chrome:chromium npm:npm
 DEBS_NO_RECOMMENDS := mariadbd,/usr/sbin/mariadbd:mariadb-server mariadb:mariadb-client
 
-.PHONY: all build debs vitess test chaos fuzz bench bench-postgres bench-full soak proto lint demo demo-postgres demo-vitess stop tools clean pg
+.PHONY: all build debs vitess test chaos fuzz bench bench-postgres bench-vitess bench-full soak proto lint demo demo-postgres demo-vitess stop tools clean pg
 
 all: build
 
@@ -139,7 +139,12 @@ bench-postgres: build $(BIN)/temporal pg ## the PostgreSQL source and sink again
 	go run ./bench/pgsink --out bench/results/pgsink.json
 	go run ./bench/report --results bench/results
 
-bench-full: bench-postgres ## the long cases: the PostgreSQL comparisons, then one stream of 5000 tablets until every tablet streams and 5 min steady (~35 min); bench/results/scale-5000.json
+bench-vitess: debs build $(BIN)/temporal vitess ## the Vitess source against a raw VStream loop on one shard (~4 min); bench/results/vitess.json
+	mkdir -p bench/results
+	go run ./bench/vitess --bin $(BIN) --out bench/results/vitess.json
+	go run ./bench/report --results bench/results
+
+bench-full: bench-postgres bench-vitess ## the long cases: the PostgreSQL and Vitess comparisons, then one stream of 5000 tablets until every tablet streams and 5 min steady (~40 min); bench/results/scale-5000.json
 	go run ./bench/scale --bin $(BIN) --tablets 5000 --out bench/results/scale-5000.json
 	go run ./bench/report --results bench/results
 

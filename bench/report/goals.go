@@ -33,6 +33,10 @@ const (
 	goalGetChangesRate   = 200_000
 	goalPgSourceRatio    = 0.8
 	goalPgSinkRatio      = 0.8
+	goalVitessRatio      = 0.8
+	// aimVitessRatio is what the Vitess source aims for beyond its goal:
+	// the summary names it, the verdict is on goalVitessRatio.
+	aimVitessRatio = 0.9
 )
 
 // The reaction cases judged against a goal, by their key in the reaction
@@ -82,7 +86,7 @@ func goals(r *results) []row {
 	rows = append(rows, scaleRow(r, "scale", scaleFile, "1,000 tablets, `make bench`"),
 		scaleRow(r, "scale-5000", scaleFullFile, "5,000 tablets, `make bench-full`"))
 	rows = append(rows, runRow(r))
-	rows = append(rows, getChangesRow(r), pgSourceRow(r), pgSinkRow(r), soakRow(r))
+	rows = append(rows, getChangesRow(r), pgSourceRow(r), pgSinkRow(r), vitessRow(r), soakRow(r))
 	return rows
 }
 
@@ -670,6 +674,45 @@ func pgSinkRow(r *results) row {
 			}
 			return details
 		})
+}
+
+// vitessRow judges bench/vitess's median pair against the goal, naming
+// the aim beside it, the pairs' range, both rates and the worker's peak
+// memory.
+func vitessRow(r *results) row {
+	g := ratioRow(r, "vitess", vitessFile, "Vitess source: tabletflow / raw VStream loop, records/s, one shard", goalVitessRatio,
+		func(o object) []string {
+			var details []string
+			if pairs := o.objects("pairs"); len(pairs) > 0 {
+				var ratios []float64
+				for _, p := range pairs {
+					if ratio, ok := p.num("ratio"); ok {
+						ratios = append(ratios, ratio)
+					}
+				}
+				if len(ratios) > 0 {
+					details = append(details, fmt.Sprintf("median of %d pairs, which ranged from %s to %s",
+						len(pairs), fixed(slices.Min(ratios), 2), fixed(slices.Max(ratios), 2)))
+				}
+			}
+			raw, okRaw := o.num("raw_records_per_s")
+			flow, okFlow := o.num("tabletflow_records_per_s")
+			if okRaw && okFlow {
+				details = append(details, fmt.Sprintf("%s against %s records/s", fixed(flow, 0), fixed(raw, 0)))
+			}
+			if n, ok := o.num("records"); ok && n > 0 {
+				details = append(details, fmt.Sprintf("backlog %s records", fixed(n, 0)))
+			}
+			if steady, ok := o.num("steady_ratio"); ok {
+				details = append(details, "steady state "+fixed(steady, 2))
+			}
+			if rss, ok := o.num("worker_peak_rss_mib"); ok {
+				details = append(details, fmt.Sprintf("worker peak RSS %s MiB", fixed(rss, 1)))
+			}
+			return details
+		})
+	g.Goal += fmt.Sprintf(" (aim %v)", aimVitessRatio)
+	return g
 }
 
 func soakRow(r *results) row {

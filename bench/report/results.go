@@ -154,12 +154,13 @@ const (
 	getChangesFile      = "getchanges.json"
 	pgSourceFile        = "pgsource.json"
 	pgSinkFile          = "pgsink.json"
+	vitessFile          = "vitess.json"
 	soakFile            = "soak.json"
 )
 
 var expectedFiles = []string{
 	throughputFile, reactionFile, scaleFile, scaleFullFile,
-	getChangesFile, pgSourceFile, pgSinkFile, soakFile,
+	getChangesFile, pgSourceFile, pgSinkFile, vitessFile, soakFile,
 }
 
 // loadResults reads the expected result files and any other *.json in dir.
