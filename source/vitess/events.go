@@ -11,6 +11,10 @@ import (
 	"github.com/tabletflow/tabletflow/source"
 )
 
+// backlogAge: a transaction the vttablet sends this long after its commit
+// (commit times are whole seconds) is part of a backlog.
+const backlogAge = 2 * time.Second
+
 // decoder turns one shard's VStream events, in the order a vttablet sends
 // them, into whole transactions of records. It is pure: no I/O, no clock.
 //
@@ -41,6 +45,10 @@ type decoder struct {
 	// beat: the last event was a HEARTBEAT (the vttablet had nothing to
 	// send for about a second).
 	beat bool
+	// behind: the last transaction received was committed more than
+	// backlogAge before the vttablet sent it (its COMMIT's CurrentTime):
+	// a backlog is streaming, and more is on its way.
+	behind bool
 	// copy is where the copy of a stream that starts from a snapshot
 	// stands (see copy.go); nil once COPY_COMPLETED came, or never copying.
 	copy *copyState
@@ -129,7 +137,7 @@ func (d *decoder) event(ev *binlogdatapb.VEvent) error {
 			return d.advance()
 		}
 	case binlogdatapb.VEventType_HEARTBEAT:
-		d.beat = true
+		d.beat, d.behind = true, false
 	case binlogdatapb.VEventType_JOURNAL:
 		if d.open == nil {
 			d.open = &txn{}
@@ -216,6 +224,7 @@ func (d *decoder) row(ev *binlogdatapb.VEvent) error {
 func (d *decoder) commit(ev *binlogdatapb.VEvent) error {
 	open := d.open
 	d.open = nil
+	d.behind = ev.CurrentTime > 0 && ev.Timestamp > 0 && time.Duration(ev.CurrentTime-ev.Timestamp*int64(time.Second)) > backlogAge
 	if open != nil && open.journal != nil {
 		split, err := d.journal(open.journal)
 		if err != nil || split == nil {

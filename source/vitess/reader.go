@@ -142,7 +142,11 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	}
 	recs, cp := r.dec.take(req.MaxRecords, r.pos)
 	r.pos = cp
-	return source.Batch{Records: recs, Checkpoint: cp, CaughtUp: len(r.dec.ready) == 0 && len(recs) < req.MaxRecords}, nil
+	// Caught up: nothing more received, and the last transaction was not
+	// part of a backlog (the vttablet sends each transaction as its own
+	// response, so a backlog often has nothing more received yet).
+	caughtUp := len(r.dec.ready) == 0 && len(recs) < req.MaxRecords && !r.dec.behind
+	return source.Batch{Records: recs, Checkpoint: cp, CaughtUp: caughtUp}, nil
 }
 
 // open starts a VStream on the vttablet at from, of the stream's tables:

@@ -319,3 +319,38 @@ func TestAVttabletThatSendsNothingNotEvenHeartbeatsIsTakenForLost(t *testing.T) 
 	require.Equal(t, source.Classification{Action: source.RetrySame, Reason: "UNAVAILABLE"}, Classify(err), "%v", err)
 	require.ErrorContains(t, err, "not even a heartbeat")
 }
+
+func TestAReadOfABacklogIsNotCaughtUpThoughNothingMoreWasReceivedYet(t *testing.T) {
+	f := newFakeVitess(t, "-80")
+	rep := f.tablet("zone2", 101, "-80", replica)
+	release := make(chan struct{})
+	rep.setVStream(func(req *binlogdatapb.VStreamRequest, send func(...*binlogdatapb.VEvent) error) error {
+		old := commit(1_800_000_000)
+		old.CurrentTime = (1_800_000_000 + 60) * int64(time.Second) // sent a minute after its commit
+		if err := send(begin(), customerFields(), rowEvent("customer", &binlogdatapb.RowChange{After: row("1", "a", "1.00", "2026-01-01", "{}")}),
+			gtid("MariaDB/0-100-42"), old); err != nil {
+			return err
+		}
+		<-release
+		recent := commit(1_800_000_100)
+		recent.CurrentTime = 1_800_000_100*int64(time.Second) + int64(300*time.Millisecond)
+		if err := send(begin(), rowEvent("customer", &binlogdatapb.RowChange{After: row("2", "b", "1.00", "2026-01-01", "{}")}),
+			gtid("MariaDB/0-100-43"), recent); err != nil {
+			return err
+		}
+		return errHold
+	})
+	s := f.source("customer")
+	rd, err := s.OpenReplica(context.Background(), replicaOf(t, s, "zone2-0000000101"))
+	require.NoError(t, err)
+	defer rd.(*Reader).Close()
+	b, err := read(t, rd, "-80", source.Checkpoint{Term: 41, Opaque: "MariaDB/0-100-41"}, 5*time.Second)
+	require.NoError(t, err)
+	require.Len(t, b.Records, 1)
+	require.False(t, b.CaughtUp, "a transaction sent a minute after its commit is part of a backlog: more is on its way")
+	close(release)
+	b, err = read(t, rd, "-80", b.Checkpoint, 5*time.Second)
+	require.NoError(t, err)
+	require.Len(t, b.Records, 1)
+	require.True(t, b.CaughtUp, "one sent as it was committed, and nothing more: caught up")
+}
