@@ -56,7 +56,7 @@ func (v *vtEnv) config(out string, extra map[string]any) []byte {
 }
 
 // replayVitess applies one shard's records in order to empty tables: an
-// insert or update sets the row at its key (an update that changed the
+// insert, update or read (a copied row) sets the row at its key (an update that changed the
 // key removes the row at before's key first), a delete removes the row at
 // before's key, a truncate empties the table. Values are as the bed reads
 // them: integers as int64, text as string, NULL as nil.
@@ -86,7 +86,7 @@ func replayVitess(recs []source.Record) (map[string]vitessbed.Rows, error) {
 			return nil, fmt.Errorf("%s: after: %w", r.Position, err)
 		}
 		switch r.Op {
-		case source.Insert, source.Update:
+		case source.Insert, source.Update, source.Read:
 			if before != nil {
 				k, err := keyOf(r.Table, before)
 				if err != nil {

@@ -83,6 +83,11 @@ func (c *Cluster) ShardRows(ctx context.Context, shard string) (map[string]Rows,
 	if _, err := conn.ExecContext(ctx, fmt.Sprintf("USE `%s:%s@primary`", Keyspace, shard)); err != nil {
 		return nil, fmt.Errorf("vtgate: target %s/%s: %w", Keyspace, shard, err)
 	}
+	// OLAP: streamed, without the vttablet's row limit of an OLTP query
+	// (10,000 rows by default).
+	if _, err := conn.ExecContext(ctx, "SET workload = 'olap'"); err != nil {
+		return nil, fmt.Errorf("vtgate: olap workload: %w", err)
+	}
 	return readTables(ctx, conn, "")
 }
 
