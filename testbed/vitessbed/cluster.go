@@ -441,6 +441,9 @@ func (c *Cluster) startVtgate(ctx context.Context) error {
 			// would wait out the initial timeout (30 s): they are all in
 			// other cells.
 			"--tablet-types-to-wait", "PRIMARY",
+			// New tablets (a Reshard's shards) found within a second,
+			// not the default minute.
+			"--tablet-refresh-interval", "1s",
 			"--service-map", "grpc-vtgateservice",
 			"--port", port(c.addr.VtgateHTTP), "--bind-address", "127.0.0.1",
 			"--grpc-port", port(c.addr.VtgateGRPC), "--grpc-bind-address", "127.0.0.1",
