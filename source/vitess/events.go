@@ -56,10 +56,10 @@ type decoder struct {
 	// journals concern the stream.
 	keyspace string
 	streamed []string
-	// split: a JOURNAL handed the shard over to new shards, at the end
-	// of the transactions ready; the stream ends there (later events are
-	// not read).
-	split *Error
+	// end: a JOURNAL ended the shard's stream after the transactions
+	// ready, with a Split into the new shards (or Failed: tables the
+	// stream reads moved away); ended: later events are not read.
+	end   *Error
 	ended bool
 }
 
@@ -226,11 +226,11 @@ func (d *decoder) commit(ev *binlogdatapb.VEvent) error {
 	d.open = nil
 	d.behind = ev.CurrentTime > 0 && ev.Timestamp > 0 && time.Duration(ev.CurrentTime-ev.Timestamp*int64(time.Second)) > backlogAge
 	if open != nil && open.journal != nil {
-		split, err := d.journal(open.journal)
-		if err != nil || split == nil {
+		end, err := d.journal(open.journal)
+		if err != nil || end == nil {
 			return err
 		}
-		d.split, d.ended = split, true
+		d.end, d.ended = end, true
 	}
 	if open != nil && open.lastpk != nil {
 		d.copy.advance(open.lastpk)

@@ -54,8 +54,8 @@ func TestAReshardJournalSplitsTheShardIntoTheNewShardsOverlappingIt(t *testing.T
 		recs, cp := d.take(100, source.Checkpoint{})
 		require.Len(t, recs, 1, "the shard's last change is delivered before it ends")
 		require.Equal(t, "7.0@MariaDB/0-100-7", cp.String(), "the journal's own position ends the shard")
-		require.NotNil(t, d.split)
-		c := Classify(d.split)
+		require.NotNil(t, d.end)
+		c := Classify(d.end)
 		require.Equal(t, source.Split, c.Action)
 		require.Equal(t, "RESHARDED", c.Reason)
 		require.Equal(t, tt.children, c.Children)
@@ -76,7 +76,7 @@ func TestAReshardJournalSplitsTheShardIntoTheNewShardsOverlappingIt(t *testing.T
 		Participants: []*binlogdatapb.KeyspaceShard{{Keyspace: "commerce", Shard: "-80"}, {Keyspace: "commerce", Shard: "80-"}}}
 	d := journalDecoder("80-")
 	require.NoError(t, d.add(journalEvents(merge, "MariaDB/0-100-6")))
-	require.Equal(t, []string{"0"}, Classify(d.split).Children)
+	require.Equal(t, []string{"0"}, Classify(d.end).Children)
 }
 
 func TestAMoveTablesJournalFailsTheShardOnlyWhenItMovesAStreamedTable(t *testing.T) {
@@ -85,7 +85,7 @@ func TestAMoveTablesJournalFailsTheShardOnlyWhenItMovesAStreamedTable(t *testing
 		Participants: []*binlogdatapb.KeyspaceShard{{Keyspace: "commerce", Shard: "-80"}}}
 	d := journalDecoder("-80", "customer")
 	require.NoError(t, d.add(journalEvents(moved, "MariaDB/0-100-6")))
-	require.Nil(t, d.split, "another table's move changes nothing for the stream")
+	require.Nil(t, d.end, "another table's move changes nothing for the stream")
 	require.NoError(t, d.add([]*binlogdatapb.VEvent{begin(), customerFields(), rowEvent("customer", customer("1")), gtid("MariaDB/0-100-7"), commit(1)}))
 	recs, _ := d.take(100, source.Checkpoint{})
 	require.Len(t, recs, 1)
@@ -93,8 +93,8 @@ func TestAMoveTablesJournalFailsTheShardOnlyWhenItMovesAStreamedTable(t *testing
 	for _, streamed := range [][]string{{"customer", "corder"}, nil} {
 		d := journalDecoder("-80", streamed...)
 		require.NoError(t, d.add(journalEvents(moved, "MariaDB/0-100-6")))
-		require.Equal(t, source.Classification{Action: source.Fatal, Reason: "TABLES_MOVED"}, Classify(d.split), "streamed %v", streamed)
-		require.ErrorContains(t, d.split, "[corder] of the stream to keyspace [orders]")
+		require.Equal(t, source.Classification{Action: source.Fatal, Reason: "TABLES_MOVED"}, Classify(d.end), "streamed %v", streamed)
+		require.ErrorContains(t, d.end, "[corder] of the stream to keyspace [orders]")
 	}
 }
 

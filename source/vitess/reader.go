@@ -124,7 +124,7 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 			break
 		}
 	}
-	if end := r.dec.split; end != nil && len(r.dec.ready) == 0 {
+	if end := r.dec.end; end != nil && len(r.dec.ready) == 0 {
 		// Every transaction before the journal was returned: the shard
 		// ends here.
 		r.Close()
