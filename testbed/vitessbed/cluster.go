@@ -357,52 +357,58 @@ func (c *Cluster) startTablets(ctx context.Context) error {
 	return c.eachTablet(0, func(t *Tablet) error { return c.waitHTTP(ctx, t.vttablet, "http://"+t.HTTP+"/debug/vars") })
 }
 
-// promotePrimaries makes each shard's zone1 tablet its primary with
+// promotePrimaries makes each shard's zone1 tablet its primary (promote).
+func (c *Cluster) promotePrimaries(ctx context.Context) error {
+	return c.eachShard(func(shard string) error { return c.promote(ctx, shard) })
+}
+
+// attachReplicas attaches every shard's replicas to its primary (attach).
+func (c *Cluster) attachReplicas(ctx context.Context) error {
+	return c.eachShard(func(shard string) error { return c.attach(ctx, shard) })
+}
+
+// promote makes the shard's PrimaryCell tablet its primary with
 // PlannedReparentShard. On MariaDB it answers with an error after the
 // promotion, as it fails to attach the replicas (it parses the primary's
 // server_uuid, which MariaDB has not); that error is expected when the
 // primary took office, which is checked on the tablet itself.
-func (c *Cluster) promotePrimaries(ctx context.Context) error {
-	return c.eachShard(func(shard string) error {
-		p := c.Primary(shard)
-		out, prsErr := c.Vtctldclient(ctx, "PlannedReparentShard", Keyspace+"/"+shard, "--new-primary", p.Alias)
-		err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
-			v, err := p.vars(ctx)
-			return err == nil && strings.EqualFold(v.TabletType, "primary"), err
-		})
-		if err != nil {
-			return fmt.Errorf("%s did not become the primary of %s: %w (PlannedReparentShard: %v %s)", p.Alias, shard, err, prsErr, out)
-		}
-		if prsErr != nil {
-			said := lastLines(out, 1)
-			if len(said) > 400 {
-				said = said[:400] + "…"
-			}
-			c.opts.Log("vitessbed: PlannedReparentShard %s/%s promoted %s; it failed to attach the replicas, as on MariaDB it does (attached by hand next): %s",
-				Keyspace, shard, p.Alias, said)
-		}
-		return nil
+func (c *Cluster) promote(ctx context.Context, shard string) error {
+	p := c.Primary(shard)
+	out, prsErr := c.Vtctldclient(ctx, "PlannedReparentShard", Keyspace+"/"+shard, "--new-primary", p.Alias)
+	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		v, err := p.vars(ctx)
+		return err == nil && strings.EqualFold(v.TabletType, "primary"), err
 	})
+	if err != nil {
+		return fmt.Errorf("%s did not become the primary of %s: %w (PlannedReparentShard: %v %s)", p.Alias, shard, err, prsErr, out)
+	}
+	if prsErr != nil {
+		said := lastLines(out, 1)
+		if len(said) > 400 {
+			said = said[:400] + "…"
+		}
+		c.opts.Log("vitessbed: PlannedReparentShard %s/%s promoted %s; it failed to attach the replicas, as on MariaDB it does (attached by hand next): %s",
+			Keyspace, shard, p.Alias, said)
+	}
+	return nil
 }
 
-// attachReplicas points every replica's MariaDB at its primary's and waits
+// attach points the shard's replicas' MariaDB at its primary's and waits
 // until each has replayed the primary's writes so far (the database
 // vt_commerce and Vitess's sidecar tables, made by the promoted primary).
-func (c *Cluster) attachReplicas(ctx context.Context) error {
-	return c.eachShard(func(shard string) error {
-		p := c.Primary(shard)
-		for _, r := range c.Replicas(shard) {
-			if err := r.attachTo(ctx, p); err != nil {
-				return err
-			}
+func (c *Cluster) attach(ctx context.Context, shard string) error {
+	p := c.Primary(shard)
+	for _, r := range c.Replicas(shard) {
+		if err := r.attachTo(ctx, p); err != nil {
+			return err
 		}
-		for _, r := range c.Replicas(shard) {
-			if err := r.WaitCaughtUp(ctx); err != nil {
-				return err
-			}
+	}
+	for _, r := range c.Replicas(shard) {
+		if err := r.WaitCaughtUp(ctx); err != nil {
+			return err
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // applySchema creates the tables on the primaries (vtctld's ApplySchema;
@@ -483,14 +489,22 @@ func (c *Cluster) WaitServing(ctx context.Context) error {
 
 // eachTablet runs f for every tablet, at most n at once (0: all), and joins
 // the errors.
-func (c *Cluster) eachTablet(n int, f func(*Tablet) error) error {
+func (c *Cluster) eachTablet(n int, f func(*Tablet) error) error { return each(c.tablets, n, f) }
+
+// eachShard runs f for every shard of Shards concurrently and joins the
+// errors.
+func (c *Cluster) eachShard(f func(shard string) error) error { return eachOf(Shards, f) }
+
+// each runs f for every tablet, at most n at once (0: all), and joins the
+// errors.
+func each(tablets []*Tablet, n int, f func(*Tablet) error) error {
 	if n <= 0 {
-		n = len(c.tablets)
+		n = len(tablets)
 	}
 	sem := make(chan struct{}, n)
-	errs := make([]error, len(c.tablets))
+	errs := make([]error, len(tablets))
 	var wg sync.WaitGroup
-	for i, t := range c.tablets {
+	for i, t := range tablets {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
@@ -501,11 +515,11 @@ func (c *Cluster) eachTablet(n int, f func(*Tablet) error) error {
 	return errors.Join(errs...)
 }
 
-// eachShard runs f for every shard concurrently and joins the errors.
-func (c *Cluster) eachShard(f func(shard string) error) error {
-	errs := make([]error, len(Shards))
+// eachOf runs f for every shard concurrently and joins the errors.
+func eachOf(shards []string, f func(string) error) error {
+	errs := make([]error, len(shards))
 	var wg sync.WaitGroup
-	for i, s := range Shards {
+	for i, s := range shards {
 		wg.Go(func() { errs[i] = f(s) })
 	}
 	wg.Wait()

@@ -1,18 +1,13 @@
 package vitessbed
 
 import (
-	"bytes"
 	"context"
-	"crypto/des"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -306,106 +301,4 @@ func (c *Cluster) waitVtgateSees(ctx context.Context, shards []string) error {
 		return fmt.Errorf("vtgate: %w (its health check serves %v)", err, seen)
 	}
 	return nil
-}
-
-// promote makes the shard's PrimaryCell tablet its primary, as
-// promotePrimaries does for the bed's shards (PlannedReparentShard answers
-// an error on MariaDB once it promoted: it cannot attach the replicas).
-func (c *Cluster) promote(ctx context.Context, shard string) error {
-	p := c.Primary(shard)
-	out, prsErr := c.Vtctldclient(ctx, "PlannedReparentShard", Keyspace+"/"+shard, "--new-primary", p.Alias)
-	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
-		v, err := p.vars(ctx)
-		return err == nil && strings.EqualFold(v.TabletType, "primary"), err
-	})
-	if err != nil {
-		return fmt.Errorf("%s did not become the primary of %s: %w (PlannedReparentShard: %v %s)", p.Alias, shard, err, prsErr, out)
-	}
-	return nil
-}
-
-// attach points the shard's replicas at its primary and waits until they
-// replayed what it wrote so far.
-func (c *Cluster) attach(ctx context.Context, shard string) error {
-	p := c.Primary(shard)
-	for _, r := range c.Replicas(shard) {
-		if err := r.attachTo(ctx, p); err != nil {
-			return err
-		}
-	}
-	for _, r := range c.Replicas(shard) {
-		if err := r.WaitCaughtUp(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// each runs f for every tablet, at most n at once (0: all), and joins the
-// errors.
-func each(tablets []*Tablet, n int, f func(*Tablet) error) error {
-	if n <= 0 {
-		n = len(tablets)
-	}
-	sem := make(chan struct{}, n)
-	errs := make([]error, len(tablets))
-	var wg sync.WaitGroup
-	for i, t := range tablets {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			errs[i] = f(t)
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// eachOf runs f for every shard concurrently and joins the errors.
-func eachOf(shards []string, f func(string) error) error {
-	errs := make([]error, len(shards))
-	var wg sync.WaitGroup
-	for i, s := range shards {
-		wg.Go(func() { errs[i] = f(s) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// ShardAmong is the shard of shards holding a customer_id, as the VSchema's
-// hash vindex places it (ShardOf, for shards other than Shards: after a
-// Reshard), or "" if none of them covers it.
-func ShardAmong(customerID int64, shards []string) string {
-	block, _ := des.NewCipher(make([]byte, 8)) // a key of 8 bytes cannot fail
-	var in, ksid [8]byte
-	binary.BigEndian.PutUint64(in[:], uint64(customerID))
-	block.Encrypt(ksid[:], in[:])
-	for _, shard := range shards {
-		lo, hi, err := keyRange(shard)
-		if err != nil {
-			continue
-		}
-		if bytes.Compare(ksid[:], lo) >= 0 && (len(hi) == 0 || bytes.Compare(ksid[:], hi) < 0) {
-			return shard
-		}
-	}
-	return ""
-}
-
-// keyRange is a shard name's key range: from lo (included) to hi (excluded;
-// empty: the end).
-func keyRange(shard string) (lo, hi []byte, err error) {
-	start, end, ok := strings.Cut(shard, "-")
-	if !ok {
-		return nil, nil, fmt.Errorf("shard %q: not a key range such as 40-80", shard)
-	}
-	lo, err1 := hex.DecodeString(start)
-	hi, err2 := hex.DecodeString(end)
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, nil, fmt.Errorf("shard %q: not a key range such as 40-80: %w", shard, err)
-	}
-	if len(hi) > 0 && bytes.Compare(lo, hi) >= 0 {
-		return nil, nil, fmt.Errorf("shard %q: its range ends before it begins", shard)
-	}
-	return lo, hi, nil
 }

@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -159,24 +160,47 @@ func typed(v any, dbType string) (any, error) {
 	}
 }
 
-// ShardOf is the shard holding a customer_id, as the VSchema's hash vindex
-// places it: the keyspace ID is the id, 8 bytes big-endian, encrypted with
-// DES under an all-zero key, and each shard holds a range of keyspace IDs
-// ("-80": below 0x80…, "80-": from it).
-func ShardOf(customerID int64) string {
+// ShardOf is the shard of Shards holding a customer_id (ShardAmong).
+func ShardOf(customerID int64) string { return ShardAmong(customerID, Shards) }
+
+// ShardAmong is the shard of shards holding a customer_id, as the VSchema's
+// hash vindex places it: the keyspace ID is the id, 8 bytes big-endian,
+// encrypted with DES under an all-zero key, and each shard holds a range of
+// keyspace IDs ("-80": below 0x80…, "80-": from it). The shards need not
+// be Shards (a Reshard's new shards, say); "" if none of them covers it.
+func ShardAmong(customerID int64, shards []string) string {
 	block, _ := des.NewCipher(make([]byte, 8)) // a key of 8 bytes cannot fail
 	var in, ksid [8]byte
 	binary.BigEndian.PutUint64(in[:], uint64(customerID))
 	block.Encrypt(ksid[:], in[:])
-	for _, shard := range Shards {
-		start, end, _ := strings.Cut(shard, "-")
-		lo, _ := hex.DecodeString(start)
-		hi, _ := hex.DecodeString(end)
-		if (len(lo) == 0 || bytes.Compare(ksid[:], lo) >= 0) && (len(hi) == 0 || bytes.Compare(ksid[:], hi) < 0) {
+	for _, shard := range shards {
+		lo, hi, err := keyRange(shard)
+		if err != nil {
+			continue
+		}
+		if bytes.Compare(ksid[:], lo) >= 0 && (len(hi) == 0 || bytes.Compare(ksid[:], hi) < 0) {
 			return shard
 		}
 	}
 	return ""
+}
+
+// keyRange is a shard name's key range: from lo (included) to hi (excluded;
+// empty: the end).
+func keyRange(shard string) (lo, hi []byte, err error) {
+	start, end, ok := strings.Cut(shard, "-")
+	if !ok {
+		return nil, nil, fmt.Errorf("shard %q: not a key range such as 40-80", shard)
+	}
+	lo, err1 := hex.DecodeString(start)
+	hi, err2 := hex.DecodeString(end)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, nil, fmt.Errorf("shard %q: not a key range such as 40-80: %w", shard, err)
+	}
+	if len(hi) > 0 && bytes.Compare(lo, hi) >= 0 {
+		return nil, nil, fmt.Errorf("shard %q: its range ends before it begins", shard)
+	}
+	return lo, hi, nil
 }
 
 // httpGet fetches url and returns its body, an error unless 200.
