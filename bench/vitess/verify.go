@@ -4,14 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"reflect"
-	"slices"
 	"strconv"
 
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
@@ -156,7 +152,7 @@ func (b *bench) verifyReplay(ctx context.Context, dir string, w written) (string
 		}
 		recs = append(recs, r)
 	}
-	got, err := replay(recs)
+	got, err := vitessbed.Replay(recs)
 	if err != nil {
 		return "", fmt.Errorf("replay tabletflow's records: %w", err)
 	}
@@ -164,101 +160,12 @@ func (b *bench) verifyReplay(ctx context.Context, dir string, w written) (string
 	if err != nil {
 		return "", err
 	}
-	for _, t := range vitessbed.Tables {
-		if !reflect.DeepEqual(got[t], want[t]) {
-			return "", fmt.Errorf("%s: replaying tabletflow's records gives %d rows, the primary has %d%s", t, len(got[t]), len(want[t]), firstDiff(want[t], got[t]))
-		}
+	if d := vitessbed.Diff(want, got); d != "" {
+		return "", fmt.Errorf("replaying tabletflow's records does not give the tables of %s's primary: %s", shardID, d)
 	}
 	s := fmt.Sprintf("%d records in every output, the same lines (stream name aside) in every raw and tabletflow pass and the adapter loop; "+
 		"no position twice in any sink; replaying tabletflow's records gives %s's tables (%d customers, %d orders)",
 		w.records, shardID, len(want["customer"]), len(want["corder"]))
 	publish.Logf("verify: %s", s)
 	return s, nil
-}
-
-// replay applies one shard's records in order to empty tables: an insert
-// or update sets the row at its key (an update that changed the key
-// removes the row at before's key first), a delete removes the row at
-// before's key. Values are as the bed reads them: integers as int64, text
-// as string, NULL as nil.
-func replay(recs []source.Record) (map[string]vitessbed.Rows, error) {
-	out := map[string]vitessbed.Rows{}
-	for _, t := range vitessbed.Tables {
-		out[t] = vitessbed.Rows{}
-	}
-	keyOf := func(table string, row map[string]any) (string, error) {
-		k, ok := row[vitessbed.PrimaryKeys[table]]
-		if !ok {
-			return "", fmt.Errorf("%s row without its key: %v", table, row)
-		}
-		return fmt.Sprint(k), nil
-	}
-	for _, r := range recs {
-		rows, ok := out[r.Table]
-		if !ok {
-			return nil, fmt.Errorf("%s: a record of table %q", r.Position, r.Table)
-		}
-		before, err := decodeRow(r.Before)
-		if err != nil {
-			return nil, fmt.Errorf("%s: before: %w", r.Position, err)
-		}
-		after, err := decodeRow(r.After)
-		if err != nil {
-			return nil, fmt.Errorf("%s: after: %w", r.Position, err)
-		}
-		if before != nil {
-			k, err := keyOf(r.Table, before)
-			if err != nil {
-				return nil, err
-			}
-			delete(rows, k)
-		}
-		if after != nil {
-			k, err := keyOf(r.Table, after)
-			if err != nil {
-				return nil, err
-			}
-			rows[k] = after
-		}
-	}
-	return out, nil
-}
-
-// decodeRow reads a row image; JSON numbers that are integers become
-// int64. A missing image is nil.
-func decodeRow(raw json.RawMessage) (map[string]any, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
-	}
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var row map[string]any
-	if err := d.Decode(&row); err != nil {
-		return nil, err
-	}
-	for k, v := range row {
-		if n, ok := v.(json.Number); ok {
-			i, err := n.Int64()
-			if err != nil {
-				return nil, fmt.Errorf("%s: %v", k, err)
-			}
-			row[k] = i
-		}
-	}
-	return row, nil
-}
-
-// firstDiff names a key whose rows differ, for an error.
-func firstDiff(want, got vitessbed.Rows) string {
-	for _, k := range slices.Sorted(maps.Keys(want)) {
-		if !reflect.DeepEqual(want[k], got[k]) {
-			return fmt.Sprintf("; key %s: primary %v, replayed %v", k, want[k], got[k])
-		}
-	}
-	for _, k := range slices.Sorted(maps.Keys(got)) {
-		if _, ok := want[k]; !ok {
-			return fmt.Sprintf("; key %s replayed, not in the primary: %v", k, got[k])
-		}
-	}
-	return ""
 }
