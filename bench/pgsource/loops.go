@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"go.temporal.io/sdk/client"
 
+	"github.com/tabletflow/tabletflow/bench/internal/pass"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/sink/jsonl"
@@ -18,101 +18,32 @@ import (
 	"github.com/tabletflow/tabletflow/workflows"
 )
 
-// newLoopResult is a run's figures: records in took, the first batch
-// durable after first with firstCount records.
-func newLoopResult(records uint64, took, first time.Duration, firstCount uint64, batches int, cpu map[string]float64) loopResult {
-	r := loopResult{Seconds: took.Seconds(), RecordsPerS: float64(records) / took.Seconds(),
-		FirstCommitS: first.Seconds(), Batches: batches, CPU: cpu}
-	if took > first && records > firstCount {
-		r.SteadyRecordsPerS = float64(records-firstCount) / (took - first).Seconds()
-	}
-	return r
-}
-
-// split records where a loop's wall time took went: writing and syncing,
-// acknowledging, and the rest, reading.
-func (r *loopResult) split(took, write, ack time.Duration) {
-	ms := func(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }
-	r.ReadS, r.WriteS, r.AckS = ms(took-write-ack), ms(write), ms(ack)
-}
-
-func (r loopResult) String() string {
-	s := fmt.Sprintf("%.0f records/s in %.2fs (first commit after %.2fs, then %.0f records/s), cpu %v",
-		r.RecordsPerS, r.Seconds, r.FirstCommitS, r.SteadyRecordsPerS, r.CPU)
-	if r.ReadS > 0 {
-		s += fmt.Sprintf(", wall: read %.2fs, write+sync %.2fs, ack %.2fs", r.ReadS, r.WriteS, r.AckS)
-	}
-	return s
-}
-
 // reader reads the standby through the adapter's Reader into a JSONL sink
 // at dir, as the GetChanges activity does but without Temporal, until want
 // records are committed; timed from opening the sink to the last commit.
-func (b *bench) reader(ctx context.Context, dir string, want uint64, start source.Checkpoint) (loopResult, error) {
+func (b *bench) reader(ctx context.Context, dir string, want uint64, start source.Checkpoint) (pass.Figures, error) {
 	ctx, cancel := context.WithTimeout(ctx, loopTimeout)
 	defer cancel()
 	cpu0 := b.cpu(0)
 	began := time.Now()
-	snk, err := jsonl.New(dir, readerStream)
+	rd, w, closeAll, err := pass.OpenJSONL(ctx, b.src, source.Replica{Tablet: shardID, Alias: standby.Alias, Cell: standby.Cell,
+		Type: source.TypeReplica}, dir, readerStream)
 	if err != nil {
-		return loopResult{}, err
+		return pass.Figures{}, err
 	}
-	defer snk.Close()
-	w, err := snk.Open(ctx, shardID)
+	defer closeAll()
+	l, err := pass.Adapter(ctx, rd, w, source.ChangesRequest{Stream: readerStream, Tablet: shardID, From: start,
+		MaxRecords: b.batch, MaxWait: maxWait}, began, func(_ source.Checkpoint, n uint64) bool { return n >= want })
 	if err != nil {
-		return loopResult{}, err
-	}
-	defer w.Close()
-	rd, err := b.src.OpenReplica(ctx, source.Replica{Tablet: shardID, Alias: standby.Alias, Cell: standby.Cell, Type: source.TypeReplica})
-	if err != nil {
-		return loopResult{}, err
-	}
-	if c, ok := rd.(io.Closer); ok {
-		defer c.Close()
-	}
-	var (
-		cp                source.Checkpoint = start
-		count, firstCount uint64
-		first             time.Duration
-		batches           int
-		inWrite, inAck    time.Duration
-	)
-	for count < want {
-		batch, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: readerStream, Tablet: shardID, From: cp,
-			MaxRecords: b.batch, MaxWait: maxWait})
-		if err != nil {
-			return loopResult{}, fmt.Errorf("after %d records: %w", count, err)
-		}
-		if batch.Checkpoint.Compare(w.Checkpoint()) > 0 {
-			t0 := time.Now()
-			if err := w.Write(ctx, batch.Records); err != nil {
-				return loopResult{}, err
-			}
-			if err := w.Commit(ctx, batch.Checkpoint); err != nil {
-				return loopResult{}, err
-			}
-			t1 := time.Now()
-			if err := rd.Ack(ctx, readerStream, shardID, batch.Checkpoint); err != nil {
-				return loopResult{}, err
-			}
-			inWrite, inAck = inWrite+t1.Sub(t0), inAck+time.Since(t1)
-		}
-		cp = batch.Checkpoint
-		if len(batch.Records) > 0 {
-			count += uint64(len(batch.Records))
-			batches++
-			if batches == 1 {
-				first, firstCount = time.Since(began), count
-			}
-		}
+		return pass.Figures{}, err
 	}
 	took := time.Since(began)
-	if count != want {
-		return loopResult{}, fmt.Errorf("read %d records, the workload wrote %d", count, want)
+	if l.Records != want {
+		return pass.Figures{}, fmt.Errorf("read %d records, the workload wrote %d", l.Records, want)
 	}
 	cpu := b.cpu(b.walsender(ctx, postgres.SlotName(readerStream, shardID))).Minus(cpu0)
-	r := newLoopResult(want, took, first, firstCount, batches, cpu)
-	r.split(took, inWrite, inAck)
+	r := pass.New(want, took, l.First, l.FirstCount, l.Batches, cpu)
+	r.Split(took, l.InWrite, l.InAck)
 	return r, nil
 }
 
@@ -127,8 +58,8 @@ type flowRun struct {
 
 // result is the run's figures, given how many records were at or below
 // the first confirmed position.
-func (f flowRun) result(records, firstCount uint64) loopResult {
-	return newLoopResult(records, f.wall, f.firstAckAt, firstCount, 0, f.cpu)
+func (f flowRun) result(records, firstCount uint64) pass.Figures {
+	return pass.New(records, f.wall, f.firstAckAt, firstCount, 0, f.cpu)
 }
 
 // flow starts the StreamWorkflow reading the standby into dir and times it

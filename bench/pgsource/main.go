@@ -47,17 +47,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -65,13 +60,13 @@ import (
 	"go.temporal.io/sdk/client"
 
 	_ "github.com/tabletflow/tabletflow/adapters" // the kinds config.Decode checks
+	"github.com/tabletflow/tabletflow/bench/internal/pass"
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
 	"github.com/tabletflow/tabletflow/config"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/source/postgres"
-	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 )
@@ -96,10 +91,7 @@ var (
 )
 
 type result struct {
-	Date    string   `json:"date"`
-	Command string   `json:"command"`
-	Commit  string   `json:"commit"`
-	Setup   []string `json:"setup"`
+	publish.Origin
 
 	Records      uint64  `json:"records"`
 	Transactions int     `json:"transactions"`
@@ -109,9 +101,9 @@ type result struct {
 	WriteRate    float64 `json:"workload_records_per_s"`
 	Verified     string  `json:"verified"`
 
-	Raw        loopResult `json:"raw"`
-	Reader     loopResult `json:"reader"`
-	Tabletflow loopResult `json:"tabletflow"`
+	Raw        pass.Figures `json:"raw"`
+	Reader     pass.Figures `json:"reader"`
+	Tabletflow pass.Figures `json:"tabletflow"`
 	// TabletflowReplicationStartS: from ExecuteWorkflow until the
 	// standby's walsender for the stream's slot was active (workflow, child
 	// workflow, replica selection, the GetChanges activity connecting).
@@ -129,74 +121,28 @@ type result struct {
 	HostLoadAvg1mAtStart float64 `json:"host_load_avg_1m_at_start"`
 }
 
-// loopResult is one reader's run over the whole workload.
-type loopResult struct {
-	Seconds     float64 `json:"seconds"`
-	RecordsPerS float64 `json:"records_per_s"`
-	// FirstCommitS: from the start until the first batch was durable;
-	// Steady: records/s from then to the end.
-	FirstCommitS      float64 `json:"first_commit_s"`
-	SteadyRecordsPerS float64 `json:"steady_records_per_s"`
-	Batches           int     `json:"batches,omitempty"`
-	// Where the wall time went, for the loops in this program: reading
-	// (receiving and decoding, for the adapter its GetChanges), writing
-	// to the file or sink and making it durable, acknowledging.
-	ReadS  float64 `json:"read_s,omitempty"`
-	WriteS float64 `json:"write_and_sync_s,omitempty"`
-	AckS   float64 `json:"ack_s,omitempty"`
-	// CPU seconds in the run: this program ("bench"), the worker and the
-	// dev server, the standby's walsender decoding the slot ("walsender",
-	// when its process could be read), and the host.
-	CPU map[string]float64 `json:"cpu_seconds"`
-}
-
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "pgsource:", err)
-		os.Exit(1)
-	}
-}
+func main() { procs.Main("pgsource", run) }
 
 func run() error {
-	binDir := flag.String("bin", "./bin", "directory holding temporal and worker")
+	rn := procs.NewRun("pgsource")
 	records := flag.Int("records", 500_000, "row changes to write (the exact count is what the transactions affected)")
 	writers := flag.Int("writers", 4, "connections writing the workload at once")
 	batch := flag.Int("batch", 1000, "records per batch, for every reader (tabletflow's default)")
-	out := flag.String("out", "", "write the result JSON here too")
-	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this program during the raw and reader loops here (the figures then carry its cost)")
-	devServer := procs.DevServerFlags()
 	flag.Parse()
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop, bin, dir, err := rn.Start()
+	if err != nil {
+		return err
+	}
 	defer stop()
-
-	bin, err := filepath.Abs(*binDir)
-	if err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp("", "tabletflow-pgsource-")
-	if err != nil {
-		return err
-	}
-	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}, batch: *batch, devServer: devServer()}
+	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}, batch: *batch, devServer: rn.DevServer()}
 	failed := true
-	defer func() {
-		b.close()
-		if failed || *keep {
-			fmt.Fprintln(os.Stderr, "pgsource: kept", dir)
-			if failed {
-				b.dumpLogs()
-			}
-			return
-		}
-		_ = os.RemoveAll(dir)
-	}()
+	defer func() { rn.End(&b.procs, failed, b.close) }()
 
-	res := result{Date: time.Now().UTC().Format(time.RFC3339), BatchRecords: *batch, GoalRatio: goalRatio,
-		HostLoadAvg1mAtStart: procstat.LoadAvg(), Commit: publish.GitCommit(),
-		Command: "go run ./bench/pgsource " + strings.Join(os.Args[1:], " ")}
-	if err := b.start(ctx, dir); err != nil {
+	res := result{Origin: publish.Now("go run ./bench/pgsource"), BatchRecords: *batch, GoalRatio: goalRatio,
+		HostLoadAvg1mAtStart: procstat.LoadAvg()}
+	if err := b.start(ctx, rn, dir); err != nil {
 		return err
 	}
 	start, err := b.createReaders(ctx)
@@ -226,8 +172,8 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("raw: %w", err)
 	}
-	res.Raw = raw.loopResult
-	publish.Logf("raw: %s", raw.loopResult)
+	res.Raw = raw.Figures
+	publish.Logf("raw: %s", raw.Figures)
 
 	readerDir := filepath.Join(dir, "reader")
 	if res.Reader, err = b.reader(ctx, readerDir, w.records, start[readerStream]); err != nil {
@@ -273,7 +219,7 @@ func run() error {
 	res.Setup = append(res.Setup, "the dev server's extra arguments: "+strings.Join(b.devServer, " "))
 	publish.Logf("%s", res.Verdict)
 
-	if err := publish.JSON(*out, res); err != nil {
+	if err := publish.JSON(rn.Out(), res); err != nil {
 		return err
 	}
 	failed = false
@@ -328,26 +274,18 @@ func (b *bench) shard() *pgbed.Shard { return b.bed.Shards[0] }
 
 // start runs the bed and the dev server side by side, then connects to
 // both.
-func (b *bench) start(ctx context.Context, dir string) error {
-	var wg sync.WaitGroup
-	var bedErr, serverErr error
-	wg.Go(func() {
+func (b *bench) start(ctx context.Context, rn *procs.Run, dir string) error {
+	var err error
+	b.server, b.temporal, err = b.procs.StartDevServer(b.devServer, func() (err error) {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		b.bed, bedErr = pgbed.Start(sctx, pgbed.Options{Dir: filepath.Join(dir, "pg"), Shards: 1, Standbys: 1})
-	})
-	wg.Go(func() {
-		b.server, serverErr = testbed.StartDevServer(filepath.Join(b.procs.Bin, "temporal"), dir, b.devServer...)
-	})
-	wg.Wait()
-	if b.server != nil {
-		b.procs.Add("temporal", b.server.Proc)
-	}
-	if err := errors.Join(bedErr, serverErr); err != nil {
+		b.bed, err = pgbed.Start(sctx, pgbed.Options{Dir: filepath.Join(dir, "pg"), Shards: 1, Standbys: 1})
+		if b.bed != nil {
+			rn.Bed(b.bed.Close, b.bedLogs)
+		}
 		return err
-	}
-	var err error
-	if b.temporal, err = client.Dial(client.Options{HostPort: b.server.Addr, Logger: temporalclient.Quiet{}}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	sh := b.shard()
@@ -385,21 +323,17 @@ func (b *bench) createReaders(ctx context.Context) (map[string]source.Checkpoint
 // startWorker runs the worker binary with the DSN variables in its
 // environment and waits until it polls the task queue.
 func (b *bench) startWorker(ctx context.Context) error {
-	cmd := exec.Command(filepath.Join(b.procs.Bin, "worker"), "--address", b.server.Addr, "--task-queue", taskQueue, "--log-level", "warn")
-	cmd.Env = os.Environ()
+	var env []string
 	for k, v := range b.env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+		env = append(env, k+"="+v)
 	}
-	tp, err := testbed.StartCmd(filepath.Join(b.procs.Dir, "worker.log"), cmd)
-	if err != nil {
-		return err
-	}
-	b.worker = b.procs.Add("worker", tp)
-	return procs.WaitFor(ctx, b.worker, "worker", time.Minute, procs.Polling(ctx, b.temporal, taskQueue))
+	var err error
+	b.worker, err = b.procs.StartWorker(ctx, b.temporal, b.server.Addr, taskQueue, env)
+	return err
 }
 
+// close closes the clients (the run stops the children and the bed).
 func (b *bench) close() {
-	b.procs.StopAll()
 	if b.temporal != nil {
 		b.temporal.Close()
 	}
@@ -409,37 +343,20 @@ func (b *bench) close() {
 	if b.admin != nil {
 		_ = b.admin.Close(context.Background())
 	}
-	if b.bed != nil {
-		if err := b.bed.Close(); err != nil {
-			publish.Logf("close the bed: %v", err)
-		}
-	}
 }
 
-// dumpLogs prints the end of each child's log and of each server's.
-func (b *bench) dumpLogs() {
-	for _, p := range b.procs.List() {
-		fmt.Fprintf(os.Stderr, "--- %s (%s) ---\n%s\n", p.Name, p.Log(), p.Tail())
+// bedLogs is the end of each server's log.
+func (b *bench) bedLogs() string {
+	var s strings.Builder
+	for _, n := range b.bed.Nodes() {
+		fmt.Fprintf(&s, "--- %s (%s) ---\n%s\n", n.Name, n.LogPath(), n.Tail())
 	}
-	if b.bed != nil {
-		for _, n := range b.bed.Nodes() {
-			fmt.Fprintf(os.Stderr, "--- %s (%s) ---\n%s\n", n.Name, n.LogPath(), n.Tail())
-		}
-	}
+	return strings.TrimSuffix(s.String(), "\n")
 }
 
 // cpu is the CPU time used so far, in seconds: by each child process, by
 // this program ("bench"), by the walsender process walsender (if not 0)
 // and by the host ("host_busy": all cores, steal included).
 func (b *bench) cpu(walsender int) procstat.Snapshot {
-	out := b.procs.CPU()
-	if walsender != 0 {
-		if s, err := procstat.ProcessCPU(walsender); err == nil {
-			out["walsender"] = s
-		}
-	}
-	if h, err := procstat.ReadHostCPU(); err == nil {
-		out["host_busy"] = procstat.Seconds(h.Busy() + h.Steal)
-	}
-	return out
+	return b.procs.Usage("walsender", walsender)
 }

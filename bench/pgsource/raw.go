@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -15,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/tabletflow/tabletflow/bench/internal/pass"
+	"github.com/tabletflow/tabletflow/bench/internal/rawlines"
 	"github.com/tabletflow/tabletflow/internal/jsontext"
 	"github.com/tabletflow/tabletflow/source/postgres"
 )
@@ -22,7 +23,7 @@ import (
 // rawRun is the raw loop's result, and the end LSN of the workload's last
 // transaction: where every reader is done.
 type rawRun struct {
-	loopResult
+	pass.Figures
 	last pglogrepl.LSN
 }
 
@@ -37,13 +38,12 @@ func (b *bench) raw(ctx context.Context, dir string, want uint64) (rawRun, error
 	}
 	sb := b.shard().Standbys[0]
 	cpu0 := b.cpu(0)
-	l := &rawLoop{began: time.Now(), want: want, batch: b.batch, rels: map[uint32]*rawRelation{},
-		prefix: []byte(`{"stream":"raw","tablet":"` + shardID + `","position":"`)}
+	l := &rawLoop{want: want, batch: b.batch, rels: map[uint32]*rawRelation{}}
 	var err error
-	if l.f, err = os.Create(filepath.Join(dir, shardID+".jsonl")); err != nil {
+	if l.w, err = rawlines.Create(filepath.Join(dir, shardID+".jsonl"), "raw", shardID, (*os.File).Sync); err != nil {
 		return rawRun{}, err
 	}
-	defer l.f.Close()
+	defer l.w.Close()
 	if l.conn, err = pgconn.Connect(ctx, sb.ReplicationDSN()); err != nil {
 		return rawRun{}, err
 	}
@@ -62,48 +62,33 @@ func (b *bench) raw(ctx context.Context, dir string, want uint64) (rawRun, error
 	if err != nil {
 		return rawRun{}, fmt.Errorf("start replication: %w", err)
 	}
-	for l.count < want {
+	for l.w.Records < want {
 		if err := l.receive(ctx); err != nil {
-			return rawRun{}, fmt.Errorf("after %d records: %w", l.count, err)
+			return rawRun{}, fmt.Errorf("after %d records: %w", l.w.Records, err)
 		}
 	}
-	took := time.Since(l.began)
-	if l.count != want {
-		return rawRun{}, fmt.Errorf("read %d records, the workload wrote %d", l.count, want)
+	took := time.Since(l.w.Began)
+	if l.w.Records != want {
+		return rawRun{}, fmt.Errorf("read %d records, the workload wrote %d", l.w.Records, want)
 	}
 	cpu := b.cpu(b.walsender(ctx, rawSlot)).Minus(cpu0)
-	r := newLoopResult(want, took, l.firstCommit, l.firstCount, l.batches, cpu)
-	r.split(took, l.inWrite, l.inAck)
-	return rawRun{loopResult: r, last: l.last}, nil
+	r := pass.New(want, took, l.w.FirstCommit, l.w.FirstCount, l.w.Batches, cpu)
+	r.Split(took, l.w.InWrite, l.inAck)
+	return rawRun{Figures: r, last: l.last}, nil
 }
 
-// rawLoop is the raw reader's state: the relations seen, the open
-// transaction's records, the batch being built.
+// rawLoop is the raw reader's state: the relations seen, the lines of
+// the open transaction and of the batch.
 type rawLoop struct {
 	conn    *pgconn.PgConn
 	catalog *pgx.Conn
-	f       *os.File
+	w       *rawlines.Writer
 	want    uint64
 	batch   int
-	began   time.Time
 
-	prefix []byte // every line's start, up to the position
-	rels   map[uint32]*rawRelation
-	// The open transaction: each record's line from `,"table":` up to
-	// the commit time, which comes with the commit; ends[i] is where
-	// record i ends in body.
-	body []byte
-	ends []int
-	// The batch: lines not yet written.
-	out     []byte
-	pending int
-	stamp   []byte
-
-	count, firstCount uint64
-	firstCommit       time.Duration
-	batches           int
-	last, flushed     pglogrepl.LSN
-	inWrite, inAck    time.Duration // writing and fsyncing; status updates
+	rels          map[uint32]*rawRelation
+	last, flushed pglogrepl.LSN
+	inAck         time.Duration // status updates
 }
 
 // rawRelation is a table as the raw loop writes it.
@@ -157,7 +142,7 @@ func (l *rawLoop) apply(ctx context.Context, msg pglogrepl.Message) error {
 	case *pglogrepl.RelationMessage:
 		return l.relation(ctx, m)
 	case *pglogrepl.BeginMessage:
-		l.body, l.ends = l.body[:0], l.ends[:0]
+		l.w.Begin()
 	case *pglogrepl.InsertMessage:
 		return l.add(m.RelationID, "insert", 0, nil, m.Tuple)
 	case *pglogrepl.UpdateMessage:
@@ -200,11 +185,7 @@ func (l *rawLoop) add(rel uint32, op string, oldType uint8, old, new *pglogrepl.
 	if !ok {
 		return fmt.Errorf("%s on relation %d before its description", op, rel)
 	}
-	b := append(l.body, `,"table":`...)
-	b = jsontext.AppendString(b, r.table)
-	b = append(b, `,"op":"`...)
-	b = append(b, op...)
-	b = append(b, `","key":`...)
+	b := l.w.Record(r.table, op)
 	keyFrom, keyFill := new, old
 	if new == nil {
 		keyFrom, keyFill = old, nil
@@ -231,8 +212,7 @@ func (l *rawLoop) add(rel uint32, op string, oldType uint8, old, new *pglogrepl.
 	} else if b, err = appendTuple(b, r, new, old, nil); err != nil {
 		return err
 	}
-	l.body = b
-	l.ends = append(l.ends, len(b))
+	l.w.Add(b)
 	return nil
 }
 
@@ -240,27 +220,12 @@ func (l *rawLoop) add(rel uint32, op string, oldType uint8, old, new *pglogrepl.
 // 1) into the batch, and flushes the batch once it holds enough records
 // or the last one due.
 func (l *rawLoop) commit(m *pglogrepl.CommitMessage) error {
-	if len(l.ends) == 0 {
+	if l.w.Open() == 0 {
 		return nil
 	}
-	l.stamp = m.CommitTime.UTC().AppendFormat(l.stamp[:0], time.RFC3339Nano)
-	start := 0
-	for i, end := range l.ends {
-		l.out = append(l.out, l.prefix...)
-		l.out = strconv.AppendUint(l.out, uint64(m.TransactionEndLSN), 10)
-		l.out = append(l.out, '.')
-		l.out = strconv.AppendUint(l.out, uint64(i+1), 10)
-		l.out = append(l.out, '"')
-		l.out = append(l.out, l.body[start:end]...)
-		l.out = append(l.out, `,"commitTime":"`...)
-		l.out = append(l.out, l.stamp...)
-		l.out = append(l.out, "\"}\n"...)
-		start = end
-	}
-	l.pending += len(l.ends)
-	l.count += uint64(len(l.ends))
+	l.w.Commit(uint64(m.TransactionEndLSN), m.CommitTime)
 	l.last = m.TransactionEndLSN
-	if l.pending >= l.batch || l.count >= l.want {
+	if l.w.Pending() >= l.batch || l.w.Records >= l.want {
 		return l.flush()
 	}
 	return nil
@@ -268,22 +233,12 @@ func (l *rawLoop) commit(m *pglogrepl.CommitMessage) error {
 
 // flush writes the batch, fsyncs it, and acknowledges it to the server.
 func (l *rawLoop) flush() error {
-	began := time.Now()
-	if _, err := l.f.Write(l.out); err != nil {
-		return err
-	}
-	if err := l.f.Sync(); err != nil {
+	if err := l.w.Flush(); err != nil {
 		return err
 	}
 	written := time.Now()
-	l.inWrite += written.Sub(began)
 	defer func() { l.inAck += time.Since(written) }()
-	l.out, l.pending = l.out[:0], 0
 	l.flushed = l.last
-	l.batches++
-	if l.batches == 1 {
-		l.firstCommit, l.firstCount = time.Since(l.began), l.count
-	}
 	return l.status()
 }
 

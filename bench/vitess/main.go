@@ -58,24 +58,20 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"go.temporal.io/sdk/client"
 	"golang.org/x/sys/unix"
 
 	_ "github.com/tabletflow/tabletflow/adapters" // the kinds config.Decode checks
+	"github.com/tabletflow/tabletflow/bench/internal/pass"
 	"github.com/tabletflow/tabletflow/bench/internal/procs"
 	"github.com/tabletflow/tabletflow/bench/internal/procstat"
 	"github.com/tabletflow/tabletflow/bench/internal/publish"
-	"github.com/tabletflow/tabletflow/temporalclient"
 	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/vitessbed"
 )
@@ -91,10 +87,7 @@ const (
 )
 
 type result struct {
-	Date    string   `json:"date"`
-	Command string   `json:"command"`
-	Commit  string   `json:"commit"`
-	Setup   []string `json:"setup"`
+	publish.Origin
 
 	Records      uint64  `json:"records"`
 	Transactions int     `json:"transactions"`
@@ -136,101 +129,51 @@ type pair struct {
 	SteadyRatio float64 `json:"steady_ratio"`
 }
 
-// side is one reader's pass over the whole backlog.
-type side struct {
-	Seconds     float64 `json:"seconds"`
-	RecordsPerS float64 `json:"records_per_s"`
-	// FirstCommitS: from the start until the first batch was durable;
-	// Steady: records/s from then to the end.
-	FirstCommitS      float64 `json:"first_commit_s"`
-	SteadyRecordsPerS float64 `json:"steady_records_per_s"`
-	Batches           int     `json:"batches,omitempty"`
-	// Where the wall time went, for the loops in this program: receiving
-	// and encoding (for the adapter its GetChanges), and writing and
-	// making durable.
-	ReadS  float64 `json:"read_s,omitempty"`
-	WriteS float64 `json:"write_and_sync_s,omitempty"`
-	// CPU seconds in the pass: this program ("bench"), the worker and the
-	// dev server, the vttablet serving the VStream, and the host.
-	CPU map[string]float64 `json:"cpu_seconds"`
-}
+// side is one reader's pass over the whole backlog. Its CPU seconds are
+// this program's ("bench"), the worker's and the dev server's, the
+// vttablet's serving the VStream ("vttablet"), and the host's.
+type side = pass.Figures
 
-// newSide is a pass's figures: records in took, the first batch durable
-// after first with firstCount records.
-func newSide(name string, records uint64, took, first time.Duration, firstCount uint64, cpu map[string]float64) side {
-	s := side{Seconds: took.Seconds(), RecordsPerS: float64(records) / took.Seconds(), FirstCommitS: first.Seconds(), CPU: cpu}
-	if took > first && records > firstCount {
-		s.SteadyRecordsPerS = float64(records-firstCount) / (took - first).Seconds()
-	}
+// newSide is a pass's figures, logged: records in took in batches, the
+// first batch durable after first with firstCount records.
+func newSide(name string, records uint64, took, first time.Duration, firstCount uint64, batches int, cpu map[string]float64) side {
+	s := pass.New(records, took, first, firstCount, batches, cpu)
 	publish.Logf("%s: %s", name, s)
 	return s
 }
 
-func (s side) String() string {
-	out := fmt.Sprintf("%.0f records/s in %.2fs (first commit after %.2fs, then %.0f records/s), cpu %v",
-		s.RecordsPerS, s.Seconds, s.FirstCommitS, s.SteadyRecordsPerS, s.CPU)
-	if s.WriteS > 0 {
-		out += fmt.Sprintf(", wall: read %.2fs, write+sync %.2fs", s.ReadS, s.WriteS)
-	}
-	return out
-}
-
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "vitess:", err)
-		os.Exit(1)
-	}
-}
+func main() { procs.Main("vitess", run) }
 
 func run() error {
-	binDir := flag.String("bin", "./bin", "directory holding temporal and worker")
+	rn := procs.NewRun("vitess")
 	records := flag.Int("records", 1_000_000, "row changes to write into the shard (about: whole transactions of 4 or 5 rows)")
 	writers := flag.Int("writers", 4, "connections writing the backlog at once")
 	batch := flag.Int("batch", 1000, "records per batch, for every reader (tabletflow's default)")
 	pairs := flag.Int("pairs", 3, "pairs of a raw and a tabletflow pass")
 	reader := flag.Bool("reader", true, "after the pairs, read the backlog once more with the adapter's Reader and the JSONL sink, no Temporal")
-	out := flag.String("out", "", "write the result JSON here too")
-	keep := flag.Bool("keep", false, "keep the temporary directory (it is kept anyway when the run fails)")
 	cpuProfile := flag.String("cpu-profile", "", "write the worker's Go CPU profile over the first tabletflow pass to this file (the worker then serves metrics too)")
 	trace := flag.String("trace", "", "write a Go execution trace of the worker over 2 s of the first tabletflow pass, from 1 s in, to this file (the worker then serves metrics too)")
 	linger := flag.Duration("linger", -1, "the stream's batch.linger (negative: tabletflow's default, which the goal is measured with)")
 	var workerArgs procs.StringList
 	flag.Var(&workerArgs, "worker-arg", "an extra argument for the worker (repeatable), e.g. --worker-arg=--adaptive-gomaxprocs=false")
-	devServer := procs.DevServerFlags()
 	flag.Parse()
 	if *pairs < 1 || *records < 100 || *writers < 1 || *batch < 1 {
 		return errors.New("--pairs, --writers and --batch must be at least 1, --records at least 100")
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop, bin, dir, err := rn.Start()
+	if err != nil {
+		return err
+	}
 	defer stop()
-	bin, err := filepath.Abs(*binDir)
-	if err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp("", "tabletflow-vitess-")
-	if err != nil {
-		return err
-	}
-	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}, batch: *batch, devServer: devServer(), cpuProfile: *cpuProfile,
+	b := &bench{procs: procs.Group{Bin: bin, Dir: dir}, batch: *batch, devServer: rn.DevServer(), cpuProfile: *cpuProfile,
 		trace: *trace, workerArgs: workerArgs, linger: *linger}
 	failed := true
-	defer func() {
-		b.close()
-		if failed || *keep {
-			fmt.Fprintln(os.Stderr, "vitess: kept", dir)
-			if failed {
-				b.dumpLogs()
-			}
-			return
-		}
-		_ = os.RemoveAll(dir)
-	}()
+	defer func() { rn.End(&b.procs, failed, b.close) }()
 
-	res := result{Date: time.Now().UTC().Format(time.RFC3339), BatchRecords: *batch, GoalRatio: goalRatio, AimRatio: aimRatio,
-		HostLoadAvg1mAtStart: procstat.LoadAvg(), Commit: publish.GitCommit(),
-		Command: "go run ./bench/vitess " + strings.Join(os.Args[1:], " ")}
-	if err := b.start(ctx, dir); err != nil {
+	res := result{Origin: publish.Now("go run ./bench/vitess"), BatchRecords: *batch, GoalRatio: goalRatio, AimRatio: aimRatio,
+		HostLoadAvg1mAtStart: procstat.LoadAvg()}
+	if err := b.start(ctx, rn); err != nil {
 		return err
 	}
 	res.Replica = b.replica().Alias
@@ -332,7 +275,7 @@ func run() error {
 		res.Command += " (worker profiled over the first tabletflow pass: its figures carry the profiler's cost)"
 	}
 	publish.Logf("%s", res.Verdict)
-	if err := publish.JSON(*out, res); err != nil {
+	if err := publish.JSON(rn.Out(), res); err != nil {
 		return err
 	}
 	failed = false
@@ -399,27 +342,19 @@ func (b *bench) replica() *vitessbed.Tablet {
 
 // start runs the bed and the dev server side by side, connects to the
 // dev server, and stops the shard's other replica's replication.
-func (b *bench) start(ctx context.Context, dir string) error {
-	var wg sync.WaitGroup
-	var bedErr, serverErr error
+func (b *bench) start(ctx context.Context, rn *procs.Run) error {
 	began := time.Now()
-	wg.Go(func() {
+	var err error
+	b.server, b.temporal, err = b.procs.StartDevServer(b.devServer, func() (err error) {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
-		b.bed, bedErr = vitessbed.Start(sctx, vitessbed.Options{})
-	})
-	wg.Go(func() {
-		b.server, serverErr = testbed.StartDevServer(filepath.Join(b.procs.Bin, "temporal"), dir, b.devServer...)
-	})
-	wg.Wait()
-	if b.server != nil {
-		b.procs.Add("temporal", b.server.Proc)
-	}
-	if err := errors.Join(bedErr, serverErr); err != nil {
+		b.bed, err = vitessbed.Start(sctx, vitessbed.Options{})
+		if b.bed != nil {
+			rn.Bed(b.bed.Stop, b.bed.Tails)
+		}
 		return err
-	}
-	var err error
-	if b.temporal, err = client.Dial(client.Options{HostPort: b.server.Addr, Logger: temporalclient.Quiet{}}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	for _, t := range b.bed.Replicas(shardID) {
@@ -439,7 +374,7 @@ func (b *bench) start(ctx context.Context, dir string) error {
 // startWorker runs the worker binary and waits until it polls the task
 // queue.
 func (b *bench) startWorker(ctx context.Context) error {
-	args := []string{"--address", b.server.Addr, "--task-queue", taskQueue, "--log-level", "warn"}
+	var args []string
 	if b.cpuProfile != "" || b.trace != "" {
 		addr, err := testbed.FreeAddr()
 		if err != nil {
@@ -449,33 +384,15 @@ func (b *bench) startWorker(ctx context.Context) error {
 		b.metrics = addr
 	}
 	args = append(args, b.workerArgs...)
-	tp, err := testbed.StartCmd(filepath.Join(b.procs.Dir, "worker.log"), exec.Command(filepath.Join(b.procs.Bin, "worker"), args...))
-	if err != nil {
-		return err
-	}
-	b.worker = b.procs.Add("worker", tp)
-	return procs.WaitFor(ctx, b.worker, "worker", time.Minute, procs.Polling(ctx, b.temporal, taskQueue))
+	var err error
+	b.worker, err = b.procs.StartWorker(ctx, b.temporal, b.server.Addr, taskQueue, nil, args...)
+	return err
 }
 
+// close closes the client (the run stops the children and the bed).
 func (b *bench) close() {
-	b.procs.StopAll()
 	if b.temporal != nil {
 		b.temporal.Close()
-	}
-	if b.bed != nil {
-		if err := b.bed.Stop(); err != nil {
-			publish.Logf("stop the bed: %v", err)
-		}
-	}
-}
-
-// dumpLogs prints the end of each child's log and of the bed's.
-func (b *bench) dumpLogs() {
-	for _, p := range b.procs.List() {
-		fmt.Fprintf(os.Stderr, "--- %s (%s) ---\n%s\n", p.Name, p.Log(), p.Tail())
-	}
-	if b.bed != nil {
-		fmt.Fprintln(os.Stderr, b.bed.Tails())
 	}
 }
 
@@ -483,14 +400,7 @@ func (b *bench) dumpLogs() {
 // this program ("bench"), by the vttablet read ("vttablet") and by the
 // host ("host_busy": all cores, steal included).
 func (b *bench) cpu() procstat.Snapshot {
-	out := b.procs.CPU()
-	if s, err := procstat.ProcessCPU(b.replica().Pid()); err == nil {
-		out["vttablet"] = s
-	}
-	if h, err := procstat.ReadHostCPU(); err == nil {
-		out["host_busy"] = procstat.Seconds(h.Busy() + h.Steal)
-	}
-	return out
+	return b.procs.Usage("vttablet", b.replica().Pid())
 }
 
 // flushDirty readies the machine for a pass: this program's freed memory

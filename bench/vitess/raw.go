@@ -17,6 +17,7 @@ import (
 	queryservicepb "vitess.io/vitess/go/vt/proto/queryservice"
 	topodatapb "vitess.io/vitess/go/vt/proto/topodata"
 
+	"github.com/tabletflow/tabletflow/bench/internal/rawlines"
 	"github.com/tabletflow/tabletflow/internal/jsontext"
 	"github.com/tabletflow/tabletflow/testbed/vitessbed"
 )
@@ -43,12 +44,11 @@ func (b *bench) raw(ctx context.Context, dir string, w written) (rawRun, error) 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return rawRun{}, err
 	}
-	l := &rawLoop{batch: b.batch, end: end, tables: map[string]*rawTable{},
-		prefix: []byte(`{"stream":"raw","tablet":` + strconv.Quote(shardID) + `,"position":"`)}
-	if l.f, err = os.Create(filepath.Join(dir, shardID+".jsonl")); err != nil {
+	l := &rawLoop{batch: b.batch, end: end, tables: map[string]*rawTable{}}
+	if l.w, err = rawlines.Create(filepath.Join(dir, shardID+".jsonl"), "raw", shardID, fdatasync); err != nil {
 		return rawRun{}, err
 	}
-	defer l.f.Close()
+	defer l.w.Close()
 	conn, err := grpc.NewClient(b.replica().GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)))
 	if err != nil {
@@ -58,7 +58,7 @@ func (b *bench) raw(ctx context.Context, dir string, w written) (rawRun, error) 
 
 	b.flushDirty()
 	cpu0 := b.cpu()
-	l.began = time.Now()
+	l.w.Began = time.Now()
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	stream, err := queryservicepb.NewQueryClient(conn).VStream(sctx, &binlogdatapb.VStreamRequest{
@@ -72,60 +72,46 @@ func (b *bench) raw(ctx context.Context, dir string, w written) (rawRun, error) 
 	for !l.done {
 		resp, err := stream.Recv()
 		if err != nil {
-			return rawRun{}, fmt.Errorf("vstream after %d records: %w", l.count, err)
+			return rawRun{}, fmt.Errorf("vstream after %d records: %w", l.w.Records, err)
 		}
 		for _, ev := range resp.Events {
 			if err := l.event(ev); err != nil {
-				return rawRun{}, fmt.Errorf("after %d records: %w", l.count, err)
+				return rawRun{}, fmt.Errorf("after %d records: %w", l.w.Records, err)
 			}
 			if l.done {
 				break
 			}
 		}
 	}
-	took := time.Since(l.began)
+	took := time.Since(l.w.Began)
 	cpu := b.cpu().Minus(cpu0)
 	stop()
-	if l.count != w.records {
-		return rawRun{}, fmt.Errorf("read %d records up to %s, the workload wrote %d", l.count, w.to, w.records)
+	if l.w.Records != w.records {
+		return rawRun{}, fmt.Errorf("read %d records up to %s, the workload wrote %d", l.w.Records, w.to, w.records)
 	}
 	if l.lastTerm != end {
 		return rawRun{}, fmt.Errorf("the last transaction with records is at %d, the workload ended at %s: something else wrote to the shard", l.lastTerm, w.to)
 	}
-	s := newSide("raw", w.records, took, l.firstCommit, l.firstCount, cpu)
-	s.Batches = l.batches
-	s.WriteS = l.inWrite.Round(time.Millisecond).Seconds()
-	s.ReadS = (took - l.inWrite).Round(time.Millisecond).Seconds()
+	s := newSide("raw", w.records, took, l.w.FirstCommit, l.w.FirstCount, l.w.Batches, cpu)
+	s.Split(took, l.w.InWrite, 0)
 	return rawRun{side: s, lastTerm: l.lastTerm}, nil
 }
 
-// rawLoop is the raw reader's state: the tables seen, the open
-// transaction's records, the batch being built.
+// fdatasync makes a written batch durable, its data without the file's
+// times.
+func fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
+
+// rawLoop is the raw reader's state: the tables seen, the lines of the
+// open transaction and of the batch.
 type rawLoop struct {
-	f     *os.File
+	w     *rawlines.Writer
 	batch int
 	end   uint64 // stop after the transaction at this term
-	began time.Time
 
-	prefix []byte // every line's start, up to the position
-	tables map[string]*rawTable
-	// The open transaction: each record's line from `","table":` up to
-	// the commit time, which comes with the commit; ends[i] is where
-	// record i ends in body.
-	body []byte
-	ends []int
-	gtid string
-	// The batch: lines not yet written.
-	out     []byte
-	pending int
-	stamp   []byte
-
-	count, firstCount uint64
-	firstCommit       time.Duration
-	batches           int
-	lastTerm          uint64
-	inWrite           time.Duration
-	done              bool
+	tables   map[string]*rawTable
+	gtid     string // the open transaction's
+	lastTerm uint64
+	done     bool
 }
 
 // rawTable is a table as its last FIELD event described it.
@@ -142,7 +128,7 @@ type rawTable struct {
 func (l *rawLoop) event(ev *binlogdatapb.VEvent) error {
 	switch ev.Type {
 	case binlogdatapb.VEventType_BEGIN:
-		l.body, l.ends = l.body[:0], l.ends[:0]
+		l.w.Begin()
 	case binlogdatapb.VEventType_FIELD:
 		fe := ev.FieldEvent
 		t := &rawTable{name: fe.TableName, fields: fe.Fields, keys: make([][]byte, len(fe.Fields)), pk: make([]bool, len(fe.Fields))}
@@ -179,11 +165,7 @@ func (l *rawLoop) row(re *binlogdatapb.RowEvent) error {
 		case rc.After == nil:
 			op = "delete"
 		}
-		b := append(l.body, `","table":`...)
-		b = jsontext.AppendString(b, t.name)
-		b = append(b, `,"op":"`...)
-		b = append(b, op...)
-		b = append(b, `","key":`...)
+		b := l.w.Record(t.name, op)
 		keyFrom, present := rc.Before, (*binlogdatapb.RowChange_Bitmap)(nil)
 		if rc.After != nil {
 			keyFrom, present = rc.After, rc.DataColumns
@@ -203,8 +185,7 @@ func (l *rawLoop) row(re *binlogdatapb.RowEvent) error {
 		} else if b, err = t.appendRow(b, rc.After, rc.DataColumns, nil); err != nil {
 			return err
 		}
-		l.body = b
-		l.ends = append(l.ends, len(b))
+		l.w.Add(b)
 	}
 	return nil
 }
@@ -249,33 +230,18 @@ func (t *rawTable) appendRow(b []byte, row *querypb.Row, present *binlogdatapb.R
 // 1) into the batch, and flushes the batch once it holds enough records
 // or the end is reached.
 func (l *rawLoop) commit(ts int64) error {
-	if len(l.ends) == 0 {
+	if l.w.Open() == 0 {
 		return l.past()
 	}
 	term, err := gtidCount(l.gtid)
 	if err != nil {
 		return err
 	}
-	l.stamp = time.Unix(ts, 0).UTC().AppendFormat(l.stamp[:0], time.RFC3339Nano)
-	start := 0
-	for i, end := range l.ends {
-		l.out = append(l.out, l.prefix...)
-		l.out = strconv.AppendUint(l.out, term, 10)
-		l.out = append(l.out, '.')
-		l.out = strconv.AppendUint(l.out, uint64(i+1), 10)
-		l.out = append(l.out, l.body[start:end]...)
-		l.out = append(l.out, `,"commitTime":"`...)
-		l.out = append(l.out, l.stamp...)
-		l.out = append(l.out, "\"}\n"...)
-		start = end
-	}
-	l.pending += len(l.ends)
-	l.count += uint64(len(l.ends))
+	l.w.Commit(term, time.Unix(ts, 0))
 	l.lastTerm = term
-	l.body, l.ends = l.body[:0], l.ends[:0]
 	l.done = term >= l.end
-	if l.pending >= l.batch || l.done {
-		return l.flush()
+	if l.w.Pending() >= l.batch || l.done {
+		return l.w.Flush()
 	}
 	return nil
 }
@@ -293,28 +259,7 @@ func (l *rawLoop) past() error {
 	}
 	if term >= l.end {
 		l.done = true
-		return l.flush()
-	}
-	return nil
-}
-
-// flush writes the batch and makes it durable.
-func (l *rawLoop) flush() error {
-	if l.pending == 0 {
-		return nil
-	}
-	began := time.Now()
-	if _, err := l.f.Write(l.out); err != nil {
-		return err
-	}
-	if err := unix.Fdatasync(int(l.f.Fd())); err != nil {
-		return err
-	}
-	l.inWrite += time.Since(began)
-	l.out, l.pending = l.out[:0], 0
-	l.batches++
-	if l.batches == 1 {
-		l.firstCommit, l.firstCount = time.Since(l.began), l.count
+		return l.w.Flush()
 	}
 	return nil
 }

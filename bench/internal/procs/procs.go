@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -89,6 +90,30 @@ func (g *Group) CPU() procstat.Snapshot {
 		out["bench"] = s
 	}
 	return out
+}
+
+// Usage is CPU plus, under name, the CPU seconds of the process pid (left
+// out when pid is 0 or its /proc entry cannot be read: a server the
+// benchmark reads, not its own child), and the host's as "host_busy"
+// (all cores, steal included).
+func (g *Group) Usage(name string, pid int) procstat.Snapshot {
+	out := g.CPU()
+	if pid != 0 {
+		if s, err := procstat.ProcessCPU(pid); err == nil {
+			out[name] = s
+		}
+	}
+	if h, err := procstat.ReadHostCPU(); err == nil {
+		out["host_busy"] = procstat.Seconds(h.Busy() + h.Steal)
+	}
+	return out
+}
+
+// DumpLogs writes the end of each child's log to w, for a run that failed.
+func (g *Group) DumpLogs(w io.Writer) {
+	for _, p := range g.List() {
+		fmt.Fprintf(w, "--- %s (%s) ---\n%s\n", p.Name, p.Log(), p.Tail())
+	}
 }
 
 // WaitFor polls ready every 200 ms until it succeeds, p exits (an error

@@ -43,3 +43,20 @@ func GitCommit() string {
 func Logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }
+
+// Origin says where a result came from: when, the command that made it,
+// the commit it ran at, and notes on what was measured. A result embeds
+// it first, so that its JSON starts with these.
+type Origin struct {
+	Date    string   `json:"date"`
+	Command string   `json:"command"`
+	Commit  string   `json:"commit"`
+	Setup   []string `json:"setup"`
+}
+
+// Now is the origin of a result that command (its arguments follow, as
+// this program got them) starts making now, at the checkout's commit.
+func Now(command string) Origin {
+	return Origin{Date: time.Now().UTC().Format(time.RFC3339), Commit: GitCommit(),
+		Command: strings.Join(append([]string{command}, os.Args[1:]...), " ")}
+}
