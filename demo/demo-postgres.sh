@@ -11,12 +11,9 @@ cd "$(dirname "$0")/.."
 
 start_temporal
 
-fresh_bed=yes
-running pgbed && fresh_bed=no
-start pgbed "$BIN/pgbed" --dir "$DATA/pg" --rate 5 --env "$DATA/pg.env" \
-  --config "$DATA/pg-orders.json" --out "$DATA/pg-out"
 # initdb, copies and start-up of 9 servers take a while on 2 cores.
-WAIT_SECONDS=300 wait_for pgbed "the PostgreSQL bed" grep -q '^ready' "$DATA/pgbed.log"
+start_bed pgbed "the PostgreSQL bed" --dir "$DATA/pg" --rate 5 --env "$DATA/pg.env" \
+  --config "$DATA/pg-orders.json" --out "$DATA/pg-out"
 
 # A new bed has new ports and no replication slots: the worker's DSNs and
 # the stream the Temporal server remembers belong to the old one. A new
@@ -25,9 +22,7 @@ if [ "$fresh_bed" = yes ] && running worker; then
   echo "the PostgreSQL bed is new: restarting the worker with its DSNs"
   stop_proc worker
 fi
-if [ "$fresh_bed" = yes ] || ! stream_running pg-orders; then
-  new_source pg-orders "$DATA/pg-out" "the PostgreSQL bed was restarted"
-fi
+bed_stream pg-orders "$DATA/pg-out" "the PostgreSQL bed was restarted"
 start_worker
 start_stream pg-orders "$DATA/pg-orders.json"
 

@@ -11,18 +11,13 @@ cd "$(dirname "$0")/.."
 
 start_temporal
 
-fresh_bed=yes
-running vitessbed && fresh_bed=no
-start vitessbed "$BIN/vitessbed" --dir "$DATA/vt" --rate 5 --config "$DATA/vt-commerce.json" \
-  --out "$DATA/vt-out" --socket "$DATA/vitessbed.sock"
 # Six MariaDBs, their vttablets, a reparent per shard: minutes on 2 cores.
-WAIT_SECONDS=300 wait_for vitessbed "the Vitess bed" grep -q '^ready' "$DATA/vitessbed.log"
+start_bed vitessbed "the Vitess bed" --dir "$DATA/vt" --rate 5 --config "$DATA/vt-commerce.json" \
+  --out "$DATA/vt-out" --socket "$DATA/vitessbed.sock"
 
 # A new bed has new ports and new GTID histories: the stream the Temporal
 # server remembers, and its sink, belong to the old one.
-if [ "$fresh_bed" = yes ] || ! stream_running vt-commerce; then
-  new_source vt-commerce "$DATA/vt-out" "the Vitess bed was restarted"
-fi
+bed_stream vt-commerce "$DATA/vt-out" "the Vitess bed was restarted"
 start_worker
 start_stream vt-commerce "$DATA/vt-commerce.json"
 vtgate=$(awk '$1 == "vtgate" { print $2; exit }' "$DATA/vitessbed.log")

@@ -1,6 +1,7 @@
-# Shell functions shared by demo/demo.sh, demo/demo-postgres.sh and
-# `make stop`; sourced, never run. Each process a demo starts is known by a
-# name: its process ID in .data/NAME.pid, its output in .data/NAME.log.
+# Shell functions shared by demo/demo.sh, demo/demo-postgres.sh,
+# demo/demo-vitess.sh and `make stop`; sourced, never run. Each process a
+# demo starts is known by a name: its process ID in .data/NAME.pid, its
+# output in .data/NAME.log.
 BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/bin
 DATA=$(dirname "$BIN")/.data
 export TEMPORAL_ADDRESS=127.0.0.1:7233
@@ -43,6 +44,18 @@ wait_for() {
   done
   echo "demo: $what did not come up; see .data/$name.log" >&2
   exit 1
+}
+
+# start_bed NAME WHAT ARGS...: start the test bed bin/NAME ARGS... unless
+# NAME already runs, and wait up to 5 minutes (a bed's servers come up
+# slowly on 2 cores) for the line its log starts with "ready". Sets
+# fresh_bed to yes when the bed was started now, to no when it ran.
+start_bed() {
+  local name=$1 what=$2; shift 2
+  fresh_bed=yes
+  running "$name" && fresh_bed=no
+  start "$name" "$BIN/$name" "$@"
+  WAIT_SECONDS=300 wait_for "$name" "$what" grep -q '^ready' "$DATA/$name.log"
 }
 
 # start_temporal: the Temporal dev server with its Web UI and tabletflow's
@@ -95,6 +108,16 @@ new_source() {
   if [ -n "$2" ]; then
     rm -rf "$2"
     mkdir -p "$2"
+  fi
+}
+
+# bed_stream ID OUT WHY: after start_bed, the stream ID of the bed into
+# OUT. A bed started now has new data, so a stream the Temporal server
+# remembers belongs to the old one, and a stream that has ended starts
+# afresh too: both begin again with an empty sink (new_source).
+bed_stream() {
+  if [ "$fresh_bed" = yes ] || ! stream_running "$1"; then
+    new_source "$@"
   fi
 }
 

@@ -13,7 +13,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -25,7 +24,7 @@ import (
 	"time"
 
 	_ "github.com/tabletflow/tabletflow/adapters" // the kinds config.Decode checks
-	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/demo/internal/bedfiles"
 	"github.com/tabletflow/tabletflow/source/postgres"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 )
@@ -83,11 +82,11 @@ func run() error {
 		_ = load.Stop()
 		return err
 	}
-	if err := writeFile(*envFile, []byte(env), 0o600); err != nil {
+	if err := bedfiles.WriteFile(*envFile, []byte(env), 0o600); err != nil {
 		_ = load.Stop()
 		return err
 	}
-	if err := writeFile(*configFile, cfg, 0o644); err != nil {
+	if err := bedfiles.WriteFile(*configFile, cfg, 0o644); err != nil {
 		_ = load.Stop()
 		return err
 	}
@@ -131,23 +130,12 @@ func describe(c *pgbed.Cluster, out string) (env string, cfg []byte, err error) 
 		shards = append(shards, sh)
 	}
 	// Standbys first (the default type order), from any cell; the rest as
-	// demo/orders.json has it.
-	stream := map[string]any{
-		"source":          map[string]any{"kind": "postgres", "tables": pgbed.Tables, "shards": shards},
-		"sink":            map[string]any{"kind": "jsonl", "path": out},
-		"retry":           map[string]any{"initialInterval": "1s", "backoffCoefficient": 2.0, "maximumInterval": "30s", "maximumAttempts": 5},
-		"autoExcludeTTL":  "5m",
-		"batch":           map[string]any{"maxRecords": 1000, "maxWait": "5s"},
-		"run":             map[string]any{"duration": "1m", "heartbeatTimeout": "10s"},
-		"topologyRefresh": "15s",
-	}
-	if cfg, err = json.MarshalIndent(stream, "", "  "); err != nil {
-		return "", nil, err
-	}
-	if _, err := config.Decode(cfg); err != nil {
-		return "", nil, fmt.Errorf("stream config: %w", err)
-	}
-	return lines.String(), append(cfg, '\n'), nil
+	// every demo stream has it.
+	cfg, err = bedfiles.StreamConfig(map[string]any{
+		"source": map[string]any{"kind": "postgres", "tables": pgbed.Tables, "shards": shards},
+		"sink":   map[string]any{"kind": "jsonl", "path": out},
+	})
+	return lines.String(), cfg, err
 }
 
 // clean removes dir, a bed's directory from an earlier run, after stopping
@@ -187,26 +175,4 @@ func clean(dir string) error {
 		}
 	}
 	return os.RemoveAll(dir)
-}
-
-// writeFile writes path through a temporary file renamed over it, so a
-// reader sees the whole file or none, with mode perm from the start.
-func writeFile(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }

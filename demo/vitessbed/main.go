@@ -22,7 +22,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -34,7 +33,7 @@ import (
 	"time"
 
 	_ "github.com/tabletflow/tabletflow/adapters" // the kinds config.Decode checks
-	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/demo/internal/bedfiles"
 	"github.com/tabletflow/tabletflow/testbed/vitessbed"
 )
 
@@ -113,7 +112,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFile(*configFile, cfg, 0o644); err != nil {
+	if err := bedfiles.WriteFile(*configFile, cfg, 0o644); err != nil {
 		return err
 	}
 	ctlDone, err := serveCtl(ctx, c, *socket)
@@ -148,28 +147,15 @@ func describe(c *vitessbed.Cluster) {
 // replica while it can (cells), then the zone3 one (REPLICA before
 // PRIMARY). maxLag is long: a replica whose replication the operator
 // stopped must stay eligible for a while, to be picked and answer GTIDSet
-// Mismatch. The rest as demo/orders.json has it.
+// Mismatch. The rest as every demo stream has it (bedfiles).
 func streamConfig(c *vitessbed.Cluster, out string) ([]byte, error) {
-	stream := map[string]any{
+	return bedfiles.StreamConfig(map[string]any{
 		"source": map[string]any{"kind": "vitess", "vtctld": c.Addresses().Vtctld, "keyspace": vitessbed.Keyspace,
 			"tables": vitessbed.Tables},
-		"startFrom":       "latest",
-		"sink":            map[string]any{"kind": "jsonl", "path": out},
-		"selection":       map[string]any{"cells": []string{"zone2"}, "maxLag": "10m"},
-		"retry":           map[string]any{"initialInterval": "1s", "backoffCoefficient": 2.0, "maximumInterval": "30s", "maximumAttempts": 5},
-		"autoExcludeTTL":  "5m",
-		"batch":           map[string]any{"maxRecords": 1000, "maxWait": "5s"},
-		"run":             map[string]any{"duration": "1m", "heartbeatTimeout": "10s"},
-		"topologyRefresh": "15s",
-	}
-	cfg, err := json.MarshalIndent(stream, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	if _, err := config.Decode(cfg); err != nil {
-		return nil, fmt.Errorf("stream config: %w", err)
-	}
-	return append(cfg, '\n'), nil
+		"startFrom": "latest",
+		"sink":      map[string]any{"kind": "jsonl", "path": out},
+		"selection": map[string]any{"cells": []string{"zone2"}, "maxLag": "10m"},
+	})
 }
 
 // clean removes dir, a bed's directory from an earlier run, after ending
@@ -218,29 +204,4 @@ func procsUnder(dir string) []int {
 		out = append(out, pid)
 	}
 	return out
-}
-
-// writeFile writes path through a temporary file renamed over it, so a
-// reader sees the whole file or none.
-func writeFile(path string, data []byte, perm os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }
