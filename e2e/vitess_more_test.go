@@ -28,16 +28,6 @@ import (
 // look at its replica's health can take when the vttablet does not answer.
 const healthWait = 2 * time.Second
 
-// fromReplicas is a waitStatus condition: every shard Streaming from a
-// replica (not a primary).
-func fromReplicas(st workflows.StreamStatus) (bool, string) {
-	ok, why := allStreaming(len(vitessbed.Shards))(st)
-	for _, tab := range st.Tablets {
-		ok = ok && tab.Replica != "" && !isPrimary(tab.Replica)
-	}
-	return ok, why
-}
-
 // commitsElsewhere waits until shard commits from a replica other than
 // from, by began+within: its status shows it Streaming on another replica
 // (a tablet whose last run failed shows Streaming again only once a run
@@ -201,18 +191,7 @@ func TestVitessReplicaThatPurgedThePositionIsLeftForOneThatHoldsIt(t *testing.T)
 	// The shard pauses (its reader lets go of the binary log it read), the
 	// workload goes on, and its zone2 replica alone purges its binary logs
 	// up to past the shard's checkpoint.
-	v.signal(stream, "pause", fmt.Sprintf(`{"tablets": [%q]}`, shard))
-	v.waitStatus(stream, shard+" paused", time.Minute, func(st workflows.StreamStatus) (bool, string) {
-		return tabletStatus(st, shard).State == workflows.Paused, summary(st)
-	})
-	cp := sinkCheckpoint(out, shard)
-	require.NotEmpty(t, cp.Opaque)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	v.eventually(purged.Alias+" purged past "+cp.Opaque, time.Minute, func() (bool, string) {
-		begins, err := purged.PurgeBinlogs(ctx, cp.Opaque)
-		return err == nil, fmt.Sprintf("binary logs begin at %s: %v", begins, err)
-	})
+	v.pauseAndPurge(stream, out, shard, purged)
 	_, askedBefore, err := vstreams(purged)
 	require.NoError(t, err)
 
@@ -245,9 +224,7 @@ func TestVitessReplicaThatPurgedThePositionIsLeftForOneThatHoldsIt(t *testing.T)
 		return now.Compare(at) > 0, fmt.Sprintf("%s at %s, %s at the move", shard, now, at)
 	})
 
-	require.NoError(t, load.Stop())
-	v.requireShardsExact(out, 2*time.Minute)
-	t.Logf("workload %+v", load.Stats())
+	v.stopAndRequireExact(load, out)
 }
 
 // An operator excludes the replica a shard reads, with the starter: the
@@ -329,9 +306,7 @@ func TestVitessOperatorExclusionMovesAShardOffAReplicaWithinSecondsAndIncludeMak
 	require.NoError(t, err)
 	require.Greater(t, askedAgain, askedLater, "%s is asked for a VStream again", excluded.Alias)
 
-	require.NoError(t, load.Stop())
-	v.requireShardsExact(out, 2*time.Minute)
-	t.Logf("workload %+v", load.Stats())
+	v.stopAndRequireExact(load, out)
 }
 
 // mustStatus is the stream's status, failing the test if it cannot be

@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/testbed/vitessbed"
 	"github.com/tabletflow/tabletflow/workflows"
@@ -24,7 +23,7 @@ func recordShard(r source.Record, shards []string) (string, error) {
 	if img == nil {
 		img = r.Before
 	}
-	row, err := decodeRow(img)
+	row, err := vitessbed.DecodeRow(img)
 	if err != nil {
 		return "", err
 	}
@@ -102,32 +101,13 @@ func TestVitessReshardSplitsTheShardIntoItsNewShardsWithNothingMissed(t *testing
 	v.requireShardsExact(out, 2*time.Minute, "80-")
 
 	v.eventually("replaying -80's records of each new shard, then its own, gives its rows", 2*time.Minute, func() (bool, string) {
-		lines, err := jsonl.ReadDir(out)
-		if err != nil {
-			return false, err.Error()
-		}
-		records := func(tablet string) ([]source.Record, error) {
-			var recs []source.Record
-			for _, l := range lines[tablet] {
-				rec, err := l.Record()
-				if err != nil {
-					return nil, err
-				}
-				recs = append(recs, rec)
-			}
-			return recs, nil
-		}
-		parent, err := records("-80")
+		all, err := sinkRecordsByTablet(out)
 		if err != nil {
 			return false, err.Error()
 		}
 		for _, c := range children {
-			own, err := records(c)
-			if err != nil {
-				return false, err.Error()
-			}
 			var recs []source.Record
-			for _, rec := range parent {
+			for _, rec := range all["-80"] {
 				s, err := recordShard(rec, children)
 				if err != nil {
 					return false, err.Error()
@@ -136,19 +116,8 @@ func TestVitessReshardSplitsTheShardIntoItsNewShardsWithNothingMissed(t *testing
 					recs = append(recs, rec)
 				}
 			}
-			got, err := replayVitess(append(recs, own...))
-			if err != nil {
-				return false, fmt.Sprintf("%s: %v", c, err)
-			}
-			want, err := v.bed.ShardRows(ctx, c)
-			if err != nil {
-				return false, err.Error()
-			}
-			for _, table := range vitessbed.Tables {
-				if !reflect.DeepEqual(want[table], got[table]) {
-					return false, fmt.Sprintf("%s %s: %d rows replayed, %d in the source%s", c, table, len(got[table]), len(want[table]),
-						firstDiff(want[table], got[table]))
-				}
+			if ok, why := v.replayIsShard(ctx, c, append(recs, all[c]...)); !ok {
+				return false, why
 			}
 		}
 		return true, ""

@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tabletflow/tabletflow/sink/jsonl"
 	"github.com/tabletflow/tabletflow/source"
 	"github.com/tabletflow/tabletflow/testbed/vitessbed"
 )
@@ -84,14 +83,12 @@ func TestVitessSnapshotStartCopiesTheRowsThroughAWorkerKillDuringTheCopy(t *test
 	require.NoError(t, load.Stop())
 	v.requireShardsExact(out, 3*time.Minute)
 
-	lines, err := jsonl.ReadDir(out)
+	recs, err := sinkRecordsByTablet(out)
 	require.NoError(t, err)
 	reads := 0
 	for _, shard := range vitessbed.Shards {
 		n := 0
-		for _, l := range lines[shard] {
-			r, err := l.Record()
-			require.NoError(t, err)
+		for _, r := range recs[shard] {
 			if r.Op == source.Read {
 				n++
 			}

@@ -5,10 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -55,89 +53,6 @@ func (v *vtEnv) config(out string, extra map[string]any) []byte {
 	return v.env.config(out, m)
 }
 
-// replayVitess applies one shard's records in order to empty tables: an
-// insert, update or read (a copied row) sets the row at its key (an update that changed the
-// key removes the row at before's key first), a delete removes the row at
-// before's key, a truncate empties the table. Values are as the bed reads
-// them: integers as int64, text as string, NULL as nil.
-func replayVitess(recs []source.Record) (map[string]vitessbed.Rows, error) {
-	out := map[string]vitessbed.Rows{}
-	for _, t := range vitessbed.Tables {
-		out[t] = vitessbed.Rows{}
-	}
-	keyOf := func(table string, row map[string]any) (string, error) {
-		k, ok := row[vitessbed.PrimaryKeys[table]]
-		if !ok {
-			return "", fmt.Errorf("%s row without its key: %v", table, row)
-		}
-		return fmt.Sprint(k), nil
-	}
-	for _, r := range recs {
-		rows, ok := out[r.Table]
-		if !ok {
-			return nil, fmt.Errorf("%s: a record of table %q", r.Position, r.Table)
-		}
-		before, err := decodeRow(r.Before)
-		if err != nil {
-			return nil, fmt.Errorf("%s: before: %w", r.Position, err)
-		}
-		after, err := decodeRow(r.After)
-		if err != nil {
-			return nil, fmt.Errorf("%s: after: %w", r.Position, err)
-		}
-		switch r.Op {
-		case source.Insert, source.Update, source.Read:
-			if before != nil {
-				k, err := keyOf(r.Table, before)
-				if err != nil {
-					return nil, err
-				}
-				delete(rows, k)
-			}
-			k, err := keyOf(r.Table, after)
-			if err != nil {
-				return nil, err
-			}
-			rows[k] = after
-		case source.Delete:
-			k, err := keyOf(r.Table, before)
-			if err != nil {
-				return nil, err
-			}
-			delete(rows, k)
-		case source.Truncate:
-			out[r.Table] = vitessbed.Rows{}
-		default:
-			return nil, fmt.Errorf("%s: op %q", r.Position, r.Op)
-		}
-	}
-	return out, nil
-}
-
-// decodeRow reads a row image; JSON numbers that are integers become
-// int64. A missing image is nil.
-func decodeRow(raw json.RawMessage) (map[string]any, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
-	}
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var row map[string]any
-	if err := d.Decode(&row); err != nil {
-		return nil, err
-	}
-	for k, v := range row {
-		if n, ok := v.(json.Number); ok {
-			i, err := n.Int64()
-			if err != nil {
-				return nil, fmt.Errorf("%s: %v", k, err)
-			}
-			row[k] = i
-		}
-	}
-	return row, nil
-}
-
 // requireShardsExact waits until replaying each shard's JSONL file (every
 // shard, or those listed) gives the shard's rows as vtgate reads them from
 // its primary, then checks that
@@ -147,7 +62,7 @@ func (v *vtEnv) requireShardsExact(out string, within time.Duration, only ...str
 	v.eventually("replaying the sink gives every shard's rows", within, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		lines, err := jsonl.ReadDir(out)
+		recs, err := sinkRecordsByTablet(out)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -155,27 +70,8 @@ func (v *vtEnv) requireShardsExact(out string, within time.Duration, only ...str
 			if len(only) > 0 && !slices.Contains(only, shard) {
 				continue
 			}
-			var recs []source.Record
-			for _, l := range lines[shard] {
-				r, err := l.Record()
-				if err != nil {
-					return false, err.Error()
-				}
-				recs = append(recs, r)
-			}
-			got, err := replayVitess(recs)
-			if err != nil {
-				return false, fmt.Sprintf("%s: %v", shard, err)
-			}
-			want, err := v.bed.ShardRows(ctx, shard)
-			if err != nil {
-				return false, err.Error()
-			}
-			for _, table := range vitessbed.Tables {
-				if !reflect.DeepEqual(want[table], got[table]) {
-					return false, fmt.Sprintf("%s %s: %d rows replayed, %d in the source%s", shard, table, len(got[table]), len(want[table]),
-						firstDiff(want[table], got[table]))
-				}
+			if ok, why := v.replayIsShard(ctx, shard, recs[shard]); !ok {
+				return false, why
 			}
 		}
 		return true, ""
@@ -186,19 +82,74 @@ func (v *vtEnv) requireShardsExact(out string, within time.Duration, only ...str
 	v.requireOrdered(out)
 }
 
-// firstDiff names a key whose rows differ, for a failure message.
-func firstDiff(want, got vitessbed.Rows) string {
-	for _, k := range slices.Sorted(maps.Keys(want)) {
-		if !reflect.DeepEqual(want[k], got[k]) {
-			return fmt.Sprintf("; key %s: source %v, replayed %v", k, want[k], got[k])
+// sinkRecordsByTablet reads every tablet's records in the JSONL sink
+// directory out, in the order of their files.
+func sinkRecordsByTablet(out string) (map[string][]source.Record, error) {
+	lines, err := jsonl.ReadDir(out)
+	if err != nil {
+		return nil, err
+	}
+	recs := map[string][]source.Record{}
+	for tablet, ls := range lines {
+		for _, l := range ls {
+			r, err := l.Record()
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", tablet, err)
+			}
+			recs[tablet] = append(recs[tablet], r)
 		}
 	}
-	for _, k := range slices.Sorted(maps.Keys(got)) {
-		if _, ok := want[k]; !ok {
-			return fmt.Sprintf("; key %s replayed, not in the source: %v", k, got[k])
-		}
+	return recs, nil
+}
+
+// replayIsShard reports whether replaying recs gives the shard's rows as
+// vtgate reads them from its primary, and if not, where they differ.
+func (v *vtEnv) replayIsShard(ctx context.Context, shard string, recs []source.Record) (bool, string) {
+	got, err := vitessbed.Replay(recs)
+	if err != nil {
+		return false, fmt.Sprintf("%s: %v", shard, err)
 	}
-	return ""
+	want, err := v.bed.ShardRows(ctx, shard)
+	if err != nil {
+		return false, err.Error()
+	}
+	if d := vitessbed.Diff(want, got); d != "" {
+		return false, shard + " " + d
+	}
+	return true, ""
+}
+
+// stopAndRequireExact stops the workload, then requires the sink exact for
+// every shard (or those listed) within 2 minutes (requireShardsExact), and
+// logs the workload's figures.
+func (v *vtEnv) stopAndRequireExact(load *vitessbed.Workload, out string, only ...string) {
+	v.t.Helper()
+	require.NoError(v.t, load.Stop())
+	v.requireShardsExact(out, 2*time.Minute, only...)
+	v.t.Logf("workload %+v", load.Stats())
+}
+
+// pauseAndPurge pauses a shard's tablet and waits until it is Paused (its
+// reader lets go of the binary logs it read), then purges the binary logs
+// of each of the vttablets given up to past the shard's checkpoint in the
+// sink, which it returns.
+func (v *vtEnv) pauseAndPurge(stream, out, shard string, purge ...*vitessbed.Tablet) source.Checkpoint {
+	v.t.Helper()
+	v.signal(stream, "pause", fmt.Sprintf(`{"tablets": [%q]}`, shard))
+	v.waitStatus(stream, shard+" paused", time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		return tabletStatus(st, shard).State == workflows.Paused, summary(st)
+	})
+	cp := sinkCheckpoint(out, shard)
+	require.NotEmpty(v.t, cp.Opaque, "%s has a checkpoint in the sink", shard)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, tab := range purge {
+		v.eventually(tab.Alias+" purged past "+cp.Opaque, time.Minute, func() (bool, string) {
+			begins, err := tab.PurgeBinlogs(ctx, cp.Opaque)
+			return err == nil, fmt.Sprintf("binary logs begin at %s: %v", begins, err)
+		})
+	}
+	return cp
 }
 
 // waitStarted waits until the sink holds a checkpoint of every shard: the
@@ -242,6 +193,16 @@ func sinkCheckpoint(out, tablet string) source.Checkpoint {
 // zone1).
 func isPrimary(alias string) bool { return strings.HasPrefix(alias, vitessbed.PrimaryCell+"-") }
 
+// fromReplicas is a waitStatus condition: every shard Streaming from a
+// replica (not a primary).
+func fromReplicas(st workflows.StreamStatus) (bool, string) {
+	ok, why := allStreaming(len(vitessbed.Shards))(st)
+	for _, tab := range st.Tablets {
+		ok = ok && tab.Replica != "" && !isPrimary(tab.Replica)
+	}
+	return ok, why
+}
+
 func TestVitessStreamFromReplicasIsExactThroughAWorkerKill(t *testing.T) {
 	v := newVTEnv(t)
 	worker := v.startWorker()
@@ -250,13 +211,7 @@ func TestVitessStreamFromReplicasIsExactThroughAWorkerKill(t *testing.T) {
 	v.startStream(stream, v.config(out, map[string]any{"topologyRefresh": "2s"}))
 
 	// Both shards stream from a replica (REPLICA before PRIMARY by default).
-	st := v.waitStatus(stream, "both shards streaming from a replica", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
-		ok, why := allStreaming(len(vitessbed.Shards))(st)
-		for _, tab := range st.Tablets {
-			ok = ok && tab.Replica != "" && !isPrimary(tab.Replica)
-		}
-		return ok, why
-	})
+	st := v.waitStatus(stream, "both shards streaming from a replica", 2*time.Minute, fromReplicas)
 	t.Logf("reading -80 from %s, 80- from %s", replicaOf(st, "-80"), replicaOf(st, "80-"))
 	v.waitStarted(out)
 	load := v.bed.StartWorkload(vitessbed.WorkloadOptions{Rate: 30, Seed: 3, KeepGoing: true})
@@ -300,13 +255,7 @@ func TestVitessReplicaBehindThePositionAnswersGTIDSetMismatchAndTheShardMovesOn(
 	// not be what keeps it from being picked.
 	v.startStream(stream, v.config(out, map[string]any{"topologyRefresh": "2s",
 		"selection": map[string]any{"maxLag": "1h"}}))
-	st := v.waitStatus(stream, "both shards streaming from a replica", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
-		ok, why := allStreaming(len(vitessbed.Shards))(st)
-		for _, tab := range st.Tablets {
-			ok = ok && tab.Replica != "" && !isPrimary(tab.Replica)
-		}
-		return ok, why
-	})
+	st := v.waitStatus(stream, "both shards streaming from a replica", 2*time.Minute, fromReplicas)
 	v.waitStarted(out)
 	const shard = "-80"
 	reading := replicaOf(st, shard)
@@ -367,9 +316,7 @@ func TestVitessReplicaBehindThePositionAnswersGTIDSetMismatchAndTheShardMovesOn(
 		return n > before, fmt.Sprintf("%d records", n)
 	})
 
-	require.NoError(t, load.Stop())
-	v.requireShardsExact(out, 2*time.Minute)
-	t.Logf("workload %+v", load.Stats())
+	v.stopAndRequireExact(load, out)
 }
 
 // Every vttablet of one shard purged the binary logs holding the shard's
@@ -393,23 +340,13 @@ func TestVitessShardWhoseEveryVttabletPurgedThePositionExpiresAlone(t *testing.T
 	// workload goes on, and every vttablet of -80 purges its binary logs
 	// up to past -80's checkpoint.
 	const shard = "-80"
-	v.signal(stream, "pause", fmt.Sprintf(`{"tablets": [%q]}`, shard))
-	v.waitStatus(stream, shard+" paused", time.Minute, func(st workflows.StreamStatus) (bool, string) {
-		return tabletStatus(st, shard).State == workflows.Paused, summary(st)
-	})
-	cp := sinkCheckpoint(out, shard)
-	require.NotEmpty(t, cp.Opaque)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	var all []*vitessbed.Tablet
 	for _, tab := range v.bed.Tablets() {
-		if tab.Shard != shard {
-			continue
+		if tab.Shard == shard {
+			all = append(all, tab)
 		}
-		v.eventually(tab.Alias+" purged past "+cp.Opaque, time.Minute, func() (bool, string) {
-			begins, err := tab.PurgeBinlogs(ctx, cp.Opaque)
-			return err == nil, fmt.Sprintf("binary logs begin at %s: %v", begins, err)
-		})
 	}
+	cp := v.pauseAndPurge(stream, out, shard, all...)
 
 	v.signal(stream, "resume", fmt.Sprintf(`{"tablets": [%q]}`, shard))
 	st := v.waitStatus(stream, shard+" Expired, 80- streaming", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
@@ -419,8 +356,7 @@ func TestVitessShardWhoseEveryVttabletPurgedThePositionExpiresAlone(t *testing.T
 	t.Logf("%s: %s", shard, reason)
 	require.Contains(t, reason, "no vttablet of shard -80 holds position "+cp.Opaque+" any more", "the reason says why")
 
-	require.NoError(t, load.Stop())
-	v.requireShardsExact(out, 2*time.Minute, "80-")
+	v.stopAndRequireExact(load, out, "80-")
 }
 
 // gtidCount is the transactions a MariaDB GTID position holds (the sum of
