@@ -21,7 +21,7 @@ import (
 //
 // A Reshard of the stream's keyspace that this shard takes part in ends
 // its tablet as Split: its children are the new shards whose key range
-// overlaps this shard's, and they start from the hand-off checkpoint,
+// overlaps this shard's, in key order, and they start from the hand-off checkpoint,
 // whose Opaque part lists each new shard's position:
 //
 //	handoff;<shard>=<GTID position>;<shard>=<GTID position>…
@@ -67,7 +67,14 @@ func (d *decoder) journal(j *binlogdatapb.Journal) (*Error, error) {
 	}
 	var children []string
 	var positions []string
-	for _, sg := range j.GetShardGtids() {
+	// In key order: the journal lists them as Vitess found them.
+	gtids := slices.Clone(j.GetShardGtids())
+	slices.SortStableFunc(gtids, func(a, b *binlogdatapb.ShardGtid) int {
+		ka, _ := parseShard(a.GetShard())
+		kb, _ := parseShard(b.GetShard())
+		return bytes.Compare(ka.start, kb.start)
+	})
+	for _, sg := range gtids {
 		if sg.GetKeyspace() != d.keyspace {
 			return nil, newError(source.Fatal, "JOURNAL", "shard %s: journal %d of a Reshard names shard %s/%s of another keyspace",
 				d.shard, j.GetId(), sg.GetKeyspace(), sg.GetShard())

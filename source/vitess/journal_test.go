@@ -2,6 +2,7 @@ package vitess
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,11 +71,19 @@ func TestAReshardJournalSplitsTheShardIntoTheNewShardsOverlappingIt(t *testing.T
 		require.ErrorIs(t, err, source.ErrBadCheckpoint, "a shard the hand-off does not name")
 	}
 
+	// The children are in key order, whatever the journal's.
+	shuffled := reshard()
+	slices.Reverse(shuffled.ShardGtids)
+	d := journalDecoder("-80")
+	require.NoError(t, d.add(journalEvents(shuffled, "MariaDB/0-100-7")))
+	require.Equal(t, []string{"-40", "40-80"}, Classify(d.end).Children)
+	require.Equal(t, "handoff;-40=MariaDB/0-300-4;40-80=MariaDB/0-400-9", Classify(d.end).Handoff.Opaque)
+
 	// A merge: the one new shard covers both.
 	merge := &binlogdatapb.Journal{Id: 8, MigrationType: binlogdatapb.MigrationType_SHARDS,
 		ShardGtids:   []*binlogdatapb.ShardGtid{{Keyspace: "commerce", Shard: "0", Gtid: "MariaDB/0-700-1"}},
 		Participants: []*binlogdatapb.KeyspaceShard{{Keyspace: "commerce", Shard: "-80"}, {Keyspace: "commerce", Shard: "80-"}}}
-	d := journalDecoder("80-")
+	d = journalDecoder("80-")
 	require.NoError(t, d.add(journalEvents(merge, "MariaDB/0-100-6")))
 	require.Equal(t, []string{"0"}, Classify(d.end).Children)
 }
