@@ -130,6 +130,13 @@ func NewKind[T any](name string, parse func(section []byte) (T, error)) Kind {
 	return Kind{Name: name, Config: zero, Parse: func(section []byte) (any, error) { return parse(section) }}
 }
 
+// WithSnapshot is k for a source that can start a stream with a copy of
+// its tables (startFrom "snapshot").
+func (k Kind) WithSnapshot() Kind {
+	k.Snapshot = true
+	return k
+}
+
 // SectionOf returns the section that v (an adapter's config) encodes to:
 // a Source or a Sink, as a stream config carries it.
 func SectionOf[S Source | Sink](v any) (S, error) {

@@ -12,3 +12,15 @@ type Adapter struct {
 	// need to connect: the first call may.
 	Open func(cfg config.Source) (Source, error)
 }
+
+// OpenParsed is an Adapter's Open for a kind whose section parse reads
+// (an error names the field under "source.") and open opens.
+func OpenParsed[C any](parse func(section []byte) (C, error), open func(C) (Source, error)) func(config.Source) (Source, error) {
+	return func(cfg config.Source) (Source, error) {
+		c, err := parse(cfg.Spec)
+		if err != nil {
+			return nil, config.InSection("source", err)
+		}
+		return open(c)
+	}
+}

@@ -36,18 +36,8 @@ type ShardReplica struct {
 
 // Adapter is the PostgreSQL source's kind "postgres".
 var Adapter = source.Adapter{
-	Kind: func() config.Kind {
-		k := config.NewKind("postgres", ParseConfig)
-		k.Snapshot = true
-		return k
-	}(),
-	Open: func(cfg config.Source) (source.Source, error) {
-		c, err := ParseConfig(cfg.Spec)
-		if err != nil {
-			return nil, config.InSection("source", err)
-		}
-		return New(c, nil)
-	},
+	Kind: config.NewKind("postgres", ParseConfig).WithSnapshot(),
+	Open: source.OpenParsed(ParseConfig, func(c Config) (source.Source, error) { return New(c, nil) }),
 }
 
 var (

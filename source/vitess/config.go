@@ -43,18 +43,8 @@ type StaticAuth struct {
 
 // Adapter is the Vitess source's kind "vitess".
 var Adapter = source.Adapter{
-	Kind: func() config.Kind {
-		k := config.NewKind("vitess", ParseConfig)
-		k.Snapshot = true
-		return k
-	}(),
-	Open: func(cfg config.Source) (source.Source, error) {
-		c, err := ParseConfig(cfg.Spec)
-		if err != nil {
-			return nil, config.InSection("source", err)
-		}
-		return New(c, nil)
-	},
+	Kind: config.NewKind("vitess", ParseConfig).WithSnapshot(),
+	Open: source.OpenParsed(ParseConfig, func(c Config) (source.Source, error) { return New(c, nil) }),
 }
 
 var (
