@@ -122,6 +122,9 @@ type Kind struct {
 	// Snapshot: the source can start a stream with a copy of its tables
 	// (startFrom "snapshot").
 	Snapshot bool
+	// Resync: the source can give one tablet of a running stream a fresh
+	// start with a copy of its rows (source.Resyncer).
+	Resync bool
 }
 
 // NewKind is the Kind of an adapter whose sections parse into a T.
@@ -134,6 +137,13 @@ func NewKind[T any](name string, parse func(section []byte) (T, error)) Kind {
 // its tables (startFrom "snapshot").
 func (k Kind) WithSnapshot() Kind {
 	k.Snapshot = true
+	return k
+}
+
+// WithResync is k for a source that can resync one tablet of a running
+// stream (source.Resyncer).
+func (k Kind) WithResync() Kind {
+	k.Resync = true
 	return k
 }
 

@@ -84,6 +84,23 @@ type SlotReporter interface {
 	SlotStats(ctx context.Context, stream string) (SlotStats, error)
 }
 
+// Resyncer is implemented by sources that can give one tablet of a
+// stream a fresh source-side start while the stream's other tablets go
+// on: a tablet whose history expired, or whose sink lost data.
+type Resyncer interface {
+	// Resync drops what the source keeps of the stream for the tablet
+	// (its history, a copy in progress) and starts it afresh: read from
+	// the returned checkpoint, the tablet delivers a ResyncBegin marker,
+	// then its current rows as Read records woven with its changes so
+	// that nothing is missed or applied out of order, then a ResyncEnd
+	// marker once the copy is complete, then its changes. The checkpoint
+	// is after every position the tablet had before, so positions keep
+	// increasing. id names the resync: a second call with the id of the
+	// last one returns the same checkpoint without starting again (an
+	// activity tried again after its answer was lost).
+	Resync(ctx context.Context, stream, tablet, id string) (Checkpoint, error)
+}
+
 // StartFrom says where a new stream starts.
 type StartFrom string
 
@@ -161,7 +178,22 @@ const (
 	// Truncate: every row of the table in the tablet was removed (Table
 	// says which; Key, Before and After are nil).
 	Truncate Op = "truncate"
+	// ResyncBegin and ResyncEnd are markers, not changes (Table, Key,
+	// Before and After are empty): a resync of the tablet (Resyncer)
+	// begins its copy here, and the copy is complete here. Every row the
+	// tablet holds at the source is delivered between them (as a Read,
+	// or by a change after ResyncBegin), so a consumer drops the
+	// tablet's earlier state at ResyncBegin, or, keeping it, drops at
+	// ResyncEnd the rows of the tablet it was not given since
+	// ResyncBegin. A marker may come more than once (a copy started again
+	// after a crash, before any of its rows were acknowledged): each
+	// begin starts the copy over.
+	ResyncBegin Op = "resync-begin"
+	ResyncEnd   Op = "resync-end"
 )
+
+// Marker reports whether op is a marker rather than a change.
+func (op Op) Marker() bool { return op == ResyncBegin || op == ResyncEnd }
 
 // Record is one change. Key, Before and After are JSON objects; Before is
 // nil for an insert, After for a delete.
