@@ -8,7 +8,9 @@
 // Positions and checkpoints travel as strings "term.index" (both decimal
 // uint64). A checkpoint C means every record at or before C has been
 // consumed; GetChanges from C returns the records after C. The empty
-// checkpoint means "this stream's start position for the tablet".
+// checkpoint means "this stream's start position for the tablet". A
+// resync's copy (ResyncStream) takes positions of the tablet's log that only
+// its stream reads, so another stream may see gaps between the positions.
 //
 // Errors are gRPC status codes with an ErrorInfo detail saying why.
 
@@ -198,6 +200,12 @@ const (
 	Op_INSERT         Op = 1
 	Op_UPDATE         Op = 2
 	Op_DELETE         Op = 3
+	// READ: a row copied by a resync (after holds it; before is empty).
+	Op_READ Op = 4
+	// RESYNC_BEGIN and RESYNC_END frame a resync's copy. They are markers,
+	// not changes: table, key, before and after are empty.
+	Op_RESYNC_BEGIN Op = 5
+	Op_RESYNC_END   Op = 6
 )
 
 // Enum value maps for Op.
@@ -207,12 +215,18 @@ var (
 		1: "INSERT",
 		2: "UPDATE",
 		3: "DELETE",
+		4: "READ",
+		5: "RESYNC_BEGIN",
+		6: "RESYNC_END",
 	}
 	Op_value = map[string]int32{
 		"OP_UNSPECIFIED": 0,
 		"INSERT":         1,
 		"UPDATE":         2,
 		"DELETE":         3,
+		"READ":           4,
+		"RESYNC_BEGIN":   5,
+		"RESYNC_END":     6,
 	}
 )
 
@@ -383,7 +397,7 @@ func (x WorkloadRequest_Action) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WorkloadRequest_Action.Descriptor instead.
 func (WorkloadRequest_Action) EnumDescriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{18, 0}
+	return file_source_proto_rawDescGZIP(), []int{20, 0}
 }
 
 // ErrorInfo is the detail every tabletd error status carries.
@@ -953,7 +967,11 @@ type StreamTablet struct {
 	ExpiredReason string                 `protobuf:"bytes,6,opt,name=expired_reason,json=expiredReason,proto3" json:"expired_reason,omitempty"`
 	// last_replica is the alias of the replica that last served this
 	// stream's GetChanges on the tablet.
-	LastReplica   string `protobuf:"bytes,7,opt,name=last_replica,json=lastReplica,proto3" json:"last_replica,omitempty"`
+	LastReplica string `protobuf:"bytes,7,opt,name=last_replica,json=lastReplica,proto3" json:"last_replica,omitempty"`
+	// resync_id and resync_start: the tablet's last resync (ResyncStream),
+	// its id and the start it returned ("" if none).
+	ResyncId      string `protobuf:"bytes,8,opt,name=resync_id,json=resyncId,proto3" json:"resync_id,omitempty"`
+	ResyncStart   string `protobuf:"bytes,9,opt,name=resync_start,json=resyncStart,proto3" json:"resync_start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1033,6 +1051,20 @@ func (x *StreamTablet) GetExpiredReason() string {
 func (x *StreamTablet) GetLastReplica() string {
 	if x != nil {
 		return x.LastReplica
+	}
+	return ""
+}
+
+func (x *StreamTablet) GetResyncId() string {
+	if x != nil {
+		return x.ResyncId
+	}
+	return ""
+}
+
+func (x *StreamTablet) GetResyncStart() string {
+	if x != nil {
+		return x.ResyncStart
 	}
 	return ""
 }
@@ -1261,6 +1293,133 @@ func (x *DeleteStreamResponse) GetExisted() bool {
 	return false
 }
 
+type ResyncStreamRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Tablet string                 `protobuf:"bytes,2,opt,name=tablet,proto3" json:"tablet,omitempty"`
+	// id names the resync; a request with the id of the tablet's last one
+	// starts nothing. Empty: always start again.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResyncStreamRequest) Reset() {
+	*x = ResyncStreamRequest{}
+	mi := &file_source_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResyncStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResyncStreamRequest) ProtoMessage() {}
+
+func (x *ResyncStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_source_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResyncStreamRequest.ProtoReflect.Descriptor instead.
+func (*ResyncStreamRequest) Descriptor() ([]byte, []int) {
+	return file_source_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ResyncStreamRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ResyncStreamRequest) GetTablet() string {
+	if x != nil {
+		return x.Tablet
+	}
+	return ""
+}
+
+func (x *ResyncStreamRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ResyncStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// start is the checkpoint to read the tablet from: the position before
+	// the RESYNC_BEGIN marker.
+	Start string `protobuf:"bytes,1,opt,name=start,proto3" json:"start,omitempty"`
+	// rows is how many READ records the copy holds.
+	Rows uint64 `protobuf:"varint,2,opt,name=rows,proto3" json:"rows,omitempty"`
+	// existed is true when id named the tablet's last resync: its start is
+	// returned and nothing started again.
+	Existed       bool `protobuf:"varint,3,opt,name=existed,proto3" json:"existed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResyncStreamResponse) Reset() {
+	*x = ResyncStreamResponse{}
+	mi := &file_source_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResyncStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResyncStreamResponse) ProtoMessage() {}
+
+func (x *ResyncStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_source_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResyncStreamResponse.ProtoReflect.Descriptor instead.
+func (*ResyncStreamResponse) Descriptor() ([]byte, []int) {
+	return file_source_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ResyncStreamResponse) GetStart() string {
+	if x != nil {
+		return x.Start
+	}
+	return ""
+}
+
+func (x *ResyncStreamResponse) GetRows() uint64 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *ResyncStreamResponse) GetExisted() bool {
+	if x != nil {
+		return x.Existed
+	}
+	return false
+}
+
 type Record struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Tablet     string                 `protobuf:"bytes,1,opt,name=tablet,proto3" json:"tablet,omitempty"`
@@ -1279,7 +1438,7 @@ type Record struct {
 
 func (x *Record) Reset() {
 	*x = Record{}
-	mi := &file_source_proto_msgTypes[13]
+	mi := &file_source_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1450,7 @@ func (x *Record) String() string {
 func (*Record) ProtoMessage() {}
 
 func (x *Record) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[13]
+	mi := &file_source_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1463,7 @@ func (x *Record) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Record.ProtoReflect.Descriptor instead.
 func (*Record) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{13}
+	return file_source_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Record) GetTablet() string {
@@ -1378,7 +1537,7 @@ type GetChangesRequest struct {
 
 func (x *GetChangesRequest) Reset() {
 	*x = GetChangesRequest{}
-	mi := &file_source_proto_msgTypes[14]
+	mi := &file_source_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1390,7 +1549,7 @@ func (x *GetChangesRequest) String() string {
 func (*GetChangesRequest) ProtoMessage() {}
 
 func (x *GetChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[14]
+	mi := &file_source_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1403,7 +1562,7 @@ func (x *GetChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetChangesRequest.ProtoReflect.Descriptor instead.
 func (*GetChangesRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{14}
+	return file_source_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetChangesRequest) GetStream() string {
@@ -1457,7 +1616,7 @@ type GetChangesResponse struct {
 
 func (x *GetChangesResponse) Reset() {
 	*x = GetChangesResponse{}
-	mi := &file_source_proto_msgTypes[15]
+	mi := &file_source_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1628,7 @@ func (x *GetChangesResponse) String() string {
 func (*GetChangesResponse) ProtoMessage() {}
 
 func (x *GetChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[15]
+	mi := &file_source_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1641,7 @@ func (x *GetChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetChangesResponse.ProtoReflect.Descriptor instead.
 func (*GetChangesResponse) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{15}
+	return file_source_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetChangesResponse) GetRecords() []*Record {
@@ -1524,7 +1683,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_source_proto_msgTypes[16]
+	mi := &file_source_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1695,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[16]
+	mi := &file_source_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1708,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{16}
+	return file_source_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AckRequest) GetStream() string {
@@ -1581,7 +1740,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_source_proto_msgTypes[17]
+	mi := &file_source_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1752,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[17]
+	mi := &file_source_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1765,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{17}
+	return file_source_proto_rawDescGZIP(), []int{19}
 }
 
 type WorkloadRequest struct {
@@ -1620,7 +1779,7 @@ type WorkloadRequest struct {
 
 func (x *WorkloadRequest) Reset() {
 	*x = WorkloadRequest{}
-	mi := &file_source_proto_msgTypes[18]
+	mi := &file_source_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1791,7 @@ func (x *WorkloadRequest) String() string {
 func (*WorkloadRequest) ProtoMessage() {}
 
 func (x *WorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[18]
+	mi := &file_source_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1804,7 @@ func (x *WorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkloadRequest.ProtoReflect.Descriptor instead.
 func (*WorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{18}
+	return file_source_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WorkloadRequest) GetAction() WorkloadRequest_Action {
@@ -1674,7 +1833,7 @@ type WorkloadResponse struct {
 
 func (x *WorkloadResponse) Reset() {
 	*x = WorkloadResponse{}
-	mi := &file_source_proto_msgTypes[19]
+	mi := &file_source_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1845,7 @@ func (x *WorkloadResponse) String() string {
 func (*WorkloadResponse) ProtoMessage() {}
 
 func (x *WorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[19]
+	mi := &file_source_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1858,7 @@ func (x *WorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkloadResponse.ProtoReflect.Descriptor instead.
 func (*WorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{19}
+	return file_source_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WorkloadResponse) GetState() string {
@@ -1757,7 +1916,7 @@ type FaultRequest struct {
 
 func (x *FaultRequest) Reset() {
 	*x = FaultRequest{}
-	mi := &file_source_proto_msgTypes[20]
+	mi := &file_source_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1928,7 @@ func (x *FaultRequest) String() string {
 func (*FaultRequest) ProtoMessage() {}
 
 func (x *FaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[20]
+	mi := &file_source_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1941,7 @@ func (x *FaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FaultRequest.ProtoReflect.Descriptor instead.
 func (*FaultRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{20}
+	return file_source_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FaultRequest) GetServer() string {
@@ -1877,7 +2036,7 @@ type FaultResponse struct {
 
 func (x *FaultResponse) Reset() {
 	*x = FaultResponse{}
-	mi := &file_source_proto_msgTypes[21]
+	mi := &file_source_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +2048,7 @@ func (x *FaultResponse) String() string {
 func (*FaultResponse) ProtoMessage() {}
 
 func (x *FaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[21]
+	mi := &file_source_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +2061,7 @@ func (x *FaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FaultResponse.ProtoReflect.Descriptor instead.
 func (*FaultResponse) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{21}
+	return file_source_proto_rawDescGZIP(), []int{23}
 }
 
 type HealRequest struct {
@@ -1918,7 +2077,7 @@ type HealRequest struct {
 
 func (x *HealRequest) Reset() {
 	*x = HealRequest{}
-	mi := &file_source_proto_msgTypes[22]
+	mi := &file_source_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2089,7 @@ func (x *HealRequest) String() string {
 func (*HealRequest) ProtoMessage() {}
 
 func (x *HealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[22]
+	mi := &file_source_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2102,7 @@ func (x *HealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealRequest.ProtoReflect.Descriptor instead.
 func (*HealRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{22}
+	return file_source_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HealRequest) GetServer() string {
@@ -1975,7 +2134,7 @@ type HealResponse struct {
 
 func (x *HealResponse) Reset() {
 	*x = HealResponse{}
-	mi := &file_source_proto_msgTypes[23]
+	mi := &file_source_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2146,7 @@ func (x *HealResponse) String() string {
 func (*HealResponse) ProtoMessage() {}
 
 func (x *HealResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[23]
+	mi := &file_source_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2159,7 @@ func (x *HealResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealResponse.ProtoReflect.Descriptor instead.
 func (*HealResponse) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{23}
+	return file_source_proto_rawDescGZIP(), []int{25}
 }
 
 type SplitRequest struct {
@@ -2012,7 +2171,7 @@ type SplitRequest struct {
 
 func (x *SplitRequest) Reset() {
 	*x = SplitRequest{}
-	mi := &file_source_proto_msgTypes[24]
+	mi := &file_source_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2183,7 @@ func (x *SplitRequest) String() string {
 func (*SplitRequest) ProtoMessage() {}
 
 func (x *SplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[24]
+	mi := &file_source_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2196,7 @@ func (x *SplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitRequest.ProtoReflect.Descriptor instead.
 func (*SplitRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{24}
+	return file_source_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SplitRequest) GetTablet() string {
@@ -2057,7 +2216,7 @@ type SplitResponse struct {
 
 func (x *SplitResponse) Reset() {
 	*x = SplitResponse{}
-	mi := &file_source_proto_msgTypes[25]
+	mi := &file_source_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2228,7 @@ func (x *SplitResponse) String() string {
 func (*SplitResponse) ProtoMessage() {}
 
 func (x *SplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[25]
+	mi := &file_source_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2241,7 @@ func (x *SplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitResponse.ProtoReflect.Descriptor instead.
 func (*SplitResponse) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{25}
+	return file_source_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SplitResponse) GetChildren() []string {
@@ -2109,7 +2268,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_source_proto_msgTypes[26]
+	mi := &file_source_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2280,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[26]
+	mi := &file_source_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2293,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{26}
+	return file_source_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DigestRequest) GetStream() string {
@@ -2155,7 +2314,7 @@ type TabletDigest struct {
 
 func (x *TabletDigest) Reset() {
 	*x = TabletDigest{}
-	mi := &file_source_proto_msgTypes[27]
+	mi := &file_source_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2326,7 @@ func (x *TabletDigest) String() string {
 func (*TabletDigest) ProtoMessage() {}
 
 func (x *TabletDigest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[27]
+	mi := &file_source_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2339,7 @@ func (x *TabletDigest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TabletDigest.ProtoReflect.Descriptor instead.
 func (*TabletDigest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{27}
+	return file_source_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TabletDigest) GetRecords() uint64 {
@@ -2208,7 +2367,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_source_proto_msgTypes[28]
+	mi := &file_source_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2379,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[28]
+	mi := &file_source_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2392,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{28}
+	return file_source_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DigestResponse) GetRecords() uint64 {
@@ -2268,7 +2427,7 @@ type TailRequest struct {
 
 func (x *TailRequest) Reset() {
 	*x = TailRequest{}
-	mi := &file_source_proto_msgTypes[29]
+	mi := &file_source_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2439,7 @@ func (x *TailRequest) String() string {
 func (*TailRequest) ProtoMessage() {}
 
 func (x *TailRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[29]
+	mi := &file_source_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2452,7 @@ func (x *TailRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TailRequest.ProtoReflect.Descriptor instead.
 func (*TailRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{29}
+	return file_source_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TailRequest) GetTablet() string {
@@ -2313,14 +2472,17 @@ func (x *TailRequest) GetFrom() string {
 type RowsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// table, if set, limits the answer to that table.
-	Table         string `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Table string `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	// tablet, if set, limits the answer to the rows whose key the tablet's
+	// key range holds (what a resync of it copies).
+	Tablet        string `protobuf:"bytes,2,opt,name=tablet,proto3" json:"tablet,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RowsRequest) Reset() {
 	*x = RowsRequest{}
-	mi := &file_source_proto_msgTypes[30]
+	mi := &file_source_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2332,7 +2494,7 @@ func (x *RowsRequest) String() string {
 func (*RowsRequest) ProtoMessage() {}
 
 func (x *RowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[30]
+	mi := &file_source_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2345,12 +2507,19 @@ func (x *RowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RowsRequest.ProtoReflect.Descriptor instead.
 func (*RowsRequest) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{30}
+	return file_source_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RowsRequest) GetTable() string {
 	if x != nil {
 		return x.Table
+	}
+	return ""
+}
+
+func (x *RowsRequest) GetTablet() string {
+	if x != nil {
+		return x.Tablet
 	}
 	return ""
 }
@@ -2367,7 +2536,7 @@ type Row struct {
 
 func (x *Row) Reset() {
 	*x = Row{}
-	mi := &file_source_proto_msgTypes[31]
+	mi := &file_source_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2379,7 +2548,7 @@ func (x *Row) String() string {
 func (*Row) ProtoMessage() {}
 
 func (x *Row) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[31]
+	mi := &file_source_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2392,7 +2561,7 @@ func (x *Row) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Row.ProtoReflect.Descriptor instead.
 func (*Row) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{31}
+	return file_source_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Row) GetTable() string {
@@ -2426,7 +2595,7 @@ type RowsResponse struct {
 
 func (x *RowsResponse) Reset() {
 	*x = RowsResponse{}
-	mi := &file_source_proto_msgTypes[32]
+	mi := &file_source_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2607,7 @@ func (x *RowsResponse) String() string {
 func (*RowsResponse) ProtoMessage() {}
 
 func (x *RowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_source_proto_msgTypes[32]
+	mi := &file_source_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2620,7 @@ func (x *RowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RowsResponse.ProtoReflect.Descriptor instead.
 func (*RowsResponse) Descriptor() ([]byte, []int) {
-	return file_source_proto_rawDescGZIP(), []int{32}
+	return file_source_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RowsResponse) GetRows() []*Row {
@@ -2507,7 +2676,7 @@ const file_source_proto_rawDesc = "" +
 	"\bkeyspace\x18\x02 \x01(\tR\bkeyspace\x12\x16\n" +
 	"\x06tables\x18\x03 \x03(\tR\x06tables\x12>\n" +
 	"\n" +
-	"start_from\x18\x04 \x01(\x0e2\x1f.tabletflow.source.v1.StartFromR\tstartFrom\"\xf3\x01\n" +
+	"start_from\x18\x04 \x01(\x0e2\x1f.tabletflow.source.v1.StartFromR\tstartFrom\"\xb3\x02\n" +
 	"\fStreamTablet\x12\x16\n" +
 	"\x06tablet\x18\x01 \x01(\tR\x06tablet\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12\x14\n" +
@@ -2516,7 +2685,9 @@ const file_source_proto_rawDesc = "" +
 	"lastActive\x12\x18\n" +
 	"\aexpired\x18\x05 \x01(\bR\aexpired\x12%\n" +
 	"\x0eexpired_reason\x18\x06 \x01(\tR\rexpiredReason\x12!\n" +
-	"\flast_replica\x18\a \x01(\tR\vlastReplica\"\xb9\x02\n" +
+	"\flast_replica\x18\a \x01(\tR\vlastReplica\x12\x1b\n" +
+	"\tresync_id\x18\b \x01(\tR\bresyncId\x12!\n" +
+	"\fresync_start\x18\t \x01(\tR\vresyncStart\"\xb9\x02\n" +
 	"\x06Stream\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bkeyspace\x18\x02 \x01(\tR\bkeyspace\x12\x16\n" +
@@ -2531,7 +2702,15 @@ const file_source_proto_rawDesc = "" +
 	"\x13DeleteStreamRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\"0\n" +
 	"\x14DeleteStreamResponse\x12\x18\n" +
-	"\aexisted\x18\x01 \x01(\bR\aexisted\"\xf9\x01\n" +
+	"\aexisted\x18\x01 \x01(\bR\aexisted\"U\n" +
+	"\x13ResyncStreamRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x16\n" +
+	"\x06tablet\x18\x02 \x01(\tR\x06tablet\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\tR\x02id\"Z\n" +
+	"\x14ResyncStreamResponse\x12\x14\n" +
+	"\x05start\x18\x01 \x01(\tR\x05start\x12\x12\n" +
+	"\x04rows\x18\x02 \x01(\x04R\x04rows\x12\x18\n" +
+	"\aexisted\x18\x03 \x01(\bR\aexisted\"\xf9\x01\n" +
 	"\x06Record\x12\x16\n" +
 	"\x06tablet\x18\x01 \x01(\tR\x06tablet\x12\x1a\n" +
 	"\bposition\x18\x02 \x01(\tR\bposition\x12;\n" +
@@ -2622,9 +2801,10 @@ const file_source_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\".tabletflow.source.v1.TabletDigestR\x05value:\x028\x01\"9\n" +
 	"\vTailRequest\x12\x16\n" +
 	"\x06tablet\x18\x01 \x01(\tR\x06tablet\x12\x12\n" +
-	"\x04from\x18\x02 \x01(\tR\x04from\"#\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\";\n" +
 	"\vRowsRequest\x12\x14\n" +
-	"\x05table\x18\x01 \x01(\tR\x05table\"?\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x16\n" +
+	"\x06tablet\x18\x02 \x01(\tR\x06tablet\"?\n" +
 	"\x03Row\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x10\n" +
@@ -2647,7 +2827,7 @@ const file_source_proto_rawDesc = "" +
 	"\x16START_FROM_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bEARLIEST\x10\x01\x12\n" +
 	"\n" +
-	"\x06LATEST\x10\x02*<\n" +
+	"\x06LATEST\x10\x02*h\n" +
 	"\x02Op\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -2655,7 +2835,11 @@ const file_source_proto_rawDesc = "" +
 	"\n" +
 	"\x06UPDATE\x10\x02\x12\n" +
 	"\n" +
-	"\x06DELETE\x10\x03*\xdd\x01\n" +
+	"\x06DELETE\x10\x03\x12\b\n" +
+	"\x04READ\x10\x04\x12\x10\n" +
+	"\fRESYNC_BEGIN\x10\x05\x12\x0e\n" +
+	"\n" +
+	"RESYNC_END\x10\x06*\xdd\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11POSITION_MISMATCH\x10\x01\x12\x10\n" +
@@ -2668,13 +2852,14 @@ const file_source_proto_rawDesc = "" +
 	"\x0eBAD_CHECKPOINT\x10\b\x12\x0f\n" +
 	"\vBAD_REQUEST\x10\t\x12\f\n" +
 	"\bINJECTED\x10\n" +
-	"2\xde\x03\n" +
+	"2\xc5\x04\n" +
 	"\bTopology\x12b\n" +
 	"\vListTablets\x12(.tabletflow.source.v1.ListTabletsRequest\x1a).tabletflow.source.v1.ListTabletsResponse\x12Q\n" +
 	"\tGetTablet\x12&.tabletflow.source.v1.GetTabletRequest\x1a\x1c.tabletflow.source.v1.Tablet\x12W\n" +
 	"\fCreateStream\x12).tabletflow.source.v1.CreateStreamRequest\x1a\x1c.tabletflow.source.v1.Stream\x12[\n" +
 	"\x0eDescribeStream\x12+.tabletflow.source.v1.DescribeStreamRequest\x1a\x1c.tabletflow.source.v1.Stream\x12e\n" +
-	"\fDeleteStream\x12).tabletflow.source.v1.DeleteStreamRequest\x1a*.tabletflow.source.v1.DeleteStreamResponse2\xbb\x01\n" +
+	"\fDeleteStream\x12).tabletflow.source.v1.DeleteStreamRequest\x1a*.tabletflow.source.v1.DeleteStreamResponse\x12e\n" +
+	"\fResyncStream\x12).tabletflow.source.v1.ResyncStreamRequest\x1a*.tabletflow.source.v1.ResyncStreamResponse2\xbb\x01\n" +
 	"\fTabletServer\x12_\n" +
 	"\n" +
 	"GetChanges\x12'.tabletflow.source.v1.GetChangesRequest\x1a(.tabletflow.source.v1.GetChangesResponse\x12J\n" +
@@ -2701,7 +2886,7 @@ func file_source_proto_rawDescGZIP() []byte {
 }
 
 var file_source_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_source_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_source_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_source_proto_goTypes = []any{
 	(TabletType)(0),               // 0: tabletflow.source.v1.TabletType
 	(TabletState)(0),              // 1: tabletflow.source.v1.TabletState
@@ -2722,86 +2907,90 @@ var file_source_proto_goTypes = []any{
 	(*DescribeStreamRequest)(nil), // 16: tabletflow.source.v1.DescribeStreamRequest
 	(*DeleteStreamRequest)(nil),   // 17: tabletflow.source.v1.DeleteStreamRequest
 	(*DeleteStreamResponse)(nil),  // 18: tabletflow.source.v1.DeleteStreamResponse
-	(*Record)(nil),                // 19: tabletflow.source.v1.Record
-	(*GetChangesRequest)(nil),     // 20: tabletflow.source.v1.GetChangesRequest
-	(*GetChangesResponse)(nil),    // 21: tabletflow.source.v1.GetChangesResponse
-	(*AckRequest)(nil),            // 22: tabletflow.source.v1.AckRequest
-	(*AckResponse)(nil),           // 23: tabletflow.source.v1.AckResponse
-	(*WorkloadRequest)(nil),       // 24: tabletflow.source.v1.WorkloadRequest
-	(*WorkloadResponse)(nil),      // 25: tabletflow.source.v1.WorkloadResponse
-	(*FaultRequest)(nil),          // 26: tabletflow.source.v1.FaultRequest
-	(*FaultResponse)(nil),         // 27: tabletflow.source.v1.FaultResponse
-	(*HealRequest)(nil),           // 28: tabletflow.source.v1.HealRequest
-	(*HealResponse)(nil),          // 29: tabletflow.source.v1.HealResponse
-	(*SplitRequest)(nil),          // 30: tabletflow.source.v1.SplitRequest
-	(*SplitResponse)(nil),         // 31: tabletflow.source.v1.SplitResponse
-	(*DigestRequest)(nil),         // 32: tabletflow.source.v1.DigestRequest
-	(*TabletDigest)(nil),          // 33: tabletflow.source.v1.TabletDigest
-	(*DigestResponse)(nil),        // 34: tabletflow.source.v1.DigestResponse
-	(*TailRequest)(nil),           // 35: tabletflow.source.v1.TailRequest
-	(*RowsRequest)(nil),           // 36: tabletflow.source.v1.RowsRequest
-	(*Row)(nil),                   // 37: tabletflow.source.v1.Row
-	(*RowsResponse)(nil),          // 38: tabletflow.source.v1.RowsResponse
-	nil,                           // 39: tabletflow.source.v1.DigestResponse.TabletsEntry
-	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
+	(*ResyncStreamRequest)(nil),   // 19: tabletflow.source.v1.ResyncStreamRequest
+	(*ResyncStreamResponse)(nil),  // 20: tabletflow.source.v1.ResyncStreamResponse
+	(*Record)(nil),                // 21: tabletflow.source.v1.Record
+	(*GetChangesRequest)(nil),     // 22: tabletflow.source.v1.GetChangesRequest
+	(*GetChangesResponse)(nil),    // 23: tabletflow.source.v1.GetChangesResponse
+	(*AckRequest)(nil),            // 24: tabletflow.source.v1.AckRequest
+	(*AckResponse)(nil),           // 25: tabletflow.source.v1.AckResponse
+	(*WorkloadRequest)(nil),       // 26: tabletflow.source.v1.WorkloadRequest
+	(*WorkloadResponse)(nil),      // 27: tabletflow.source.v1.WorkloadResponse
+	(*FaultRequest)(nil),          // 28: tabletflow.source.v1.FaultRequest
+	(*FaultResponse)(nil),         // 29: tabletflow.source.v1.FaultResponse
+	(*HealRequest)(nil),           // 30: tabletflow.source.v1.HealRequest
+	(*HealResponse)(nil),          // 31: tabletflow.source.v1.HealResponse
+	(*SplitRequest)(nil),          // 32: tabletflow.source.v1.SplitRequest
+	(*SplitResponse)(nil),         // 33: tabletflow.source.v1.SplitResponse
+	(*DigestRequest)(nil),         // 34: tabletflow.source.v1.DigestRequest
+	(*TabletDigest)(nil),          // 35: tabletflow.source.v1.TabletDigest
+	(*DigestResponse)(nil),        // 36: tabletflow.source.v1.DigestResponse
+	(*TailRequest)(nil),           // 37: tabletflow.source.v1.TailRequest
+	(*RowsRequest)(nil),           // 38: tabletflow.source.v1.RowsRequest
+	(*Row)(nil),                   // 39: tabletflow.source.v1.Row
+	(*RowsResponse)(nil),          // 40: tabletflow.source.v1.RowsResponse
+	nil,                           // 41: tabletflow.source.v1.DigestResponse.TabletsEntry
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
 }
 var file_source_proto_depIdxs = []int32{
 	4,  // 0: tabletflow.source.v1.ErrorInfo.reason:type_name -> tabletflow.source.v1.Reason
 	0,  // 1: tabletflow.source.v1.Replica.type:type_name -> tabletflow.source.v1.TabletType
-	40, // 2: tabletflow.source.v1.Replica.lag:type_name -> google.protobuf.Duration
+	42, // 2: tabletflow.source.v1.Replica.lag:type_name -> google.protobuf.Duration
 	7,  // 3: tabletflow.source.v1.Tablet.key_range:type_name -> tabletflow.source.v1.KeyRange
 	1,  // 4: tabletflow.source.v1.Tablet.state:type_name -> tabletflow.source.v1.TabletState
 	8,  // 5: tabletflow.source.v1.Tablet.replicas:type_name -> tabletflow.source.v1.Replica
 	9,  // 6: tabletflow.source.v1.ListTabletsResponse.tablets:type_name -> tabletflow.source.v1.Tablet
 	2,  // 7: tabletflow.source.v1.CreateStreamRequest.start_from:type_name -> tabletflow.source.v1.StartFrom
-	41, // 8: tabletflow.source.v1.StreamTablet.last_active:type_name -> google.protobuf.Timestamp
+	43, // 8: tabletflow.source.v1.StreamTablet.last_active:type_name -> google.protobuf.Timestamp
 	2,  // 9: tabletflow.source.v1.Stream.start_from:type_name -> tabletflow.source.v1.StartFrom
-	41, // 10: tabletflow.source.v1.Stream.created:type_name -> google.protobuf.Timestamp
-	40, // 11: tabletflow.source.v1.Stream.retention:type_name -> google.protobuf.Duration
+	43, // 10: tabletflow.source.v1.Stream.created:type_name -> google.protobuf.Timestamp
+	42, // 11: tabletflow.source.v1.Stream.retention:type_name -> google.protobuf.Duration
 	14, // 12: tabletflow.source.v1.Stream.tablets:type_name -> tabletflow.source.v1.StreamTablet
-	41, // 13: tabletflow.source.v1.Record.commit_time:type_name -> google.protobuf.Timestamp
+	43, // 13: tabletflow.source.v1.Record.commit_time:type_name -> google.protobuf.Timestamp
 	3,  // 14: tabletflow.source.v1.Record.op:type_name -> tabletflow.source.v1.Op
-	40, // 15: tabletflow.source.v1.GetChangesRequest.max_wait:type_name -> google.protobuf.Duration
-	19, // 16: tabletflow.source.v1.GetChangesResponse.records:type_name -> tabletflow.source.v1.Record
-	40, // 17: tabletflow.source.v1.GetChangesResponse.replica_lag:type_name -> google.protobuf.Duration
+	42, // 15: tabletflow.source.v1.GetChangesRequest.max_wait:type_name -> google.protobuf.Duration
+	21, // 16: tabletflow.source.v1.GetChangesResponse.records:type_name -> tabletflow.source.v1.Record
+	42, // 17: tabletflow.source.v1.GetChangesResponse.replica_lag:type_name -> google.protobuf.Duration
 	5,  // 18: tabletflow.source.v1.WorkloadRequest.action:type_name -> tabletflow.source.v1.WorkloadRequest.Action
-	40, // 19: tabletflow.source.v1.FaultRequest.latency:type_name -> google.protobuf.Duration
-	40, // 20: tabletflow.source.v1.FaultRequest.lag:type_name -> google.protobuf.Duration
-	40, // 21: tabletflow.source.v1.FaultRequest.duration:type_name -> google.protobuf.Duration
-	39, // 22: tabletflow.source.v1.DigestResponse.tablets:type_name -> tabletflow.source.v1.DigestResponse.TabletsEntry
-	37, // 23: tabletflow.source.v1.RowsResponse.rows:type_name -> tabletflow.source.v1.Row
-	33, // 24: tabletflow.source.v1.DigestResponse.TabletsEntry.value:type_name -> tabletflow.source.v1.TabletDigest
+	42, // 19: tabletflow.source.v1.FaultRequest.latency:type_name -> google.protobuf.Duration
+	42, // 20: tabletflow.source.v1.FaultRequest.lag:type_name -> google.protobuf.Duration
+	42, // 21: tabletflow.source.v1.FaultRequest.duration:type_name -> google.protobuf.Duration
+	41, // 22: tabletflow.source.v1.DigestResponse.tablets:type_name -> tabletflow.source.v1.DigestResponse.TabletsEntry
+	39, // 23: tabletflow.source.v1.RowsResponse.rows:type_name -> tabletflow.source.v1.Row
+	35, // 24: tabletflow.source.v1.DigestResponse.TabletsEntry.value:type_name -> tabletflow.source.v1.TabletDigest
 	10, // 25: tabletflow.source.v1.Topology.ListTablets:input_type -> tabletflow.source.v1.ListTabletsRequest
 	12, // 26: tabletflow.source.v1.Topology.GetTablet:input_type -> tabletflow.source.v1.GetTabletRequest
 	13, // 27: tabletflow.source.v1.Topology.CreateStream:input_type -> tabletflow.source.v1.CreateStreamRequest
 	16, // 28: tabletflow.source.v1.Topology.DescribeStream:input_type -> tabletflow.source.v1.DescribeStreamRequest
 	17, // 29: tabletflow.source.v1.Topology.DeleteStream:input_type -> tabletflow.source.v1.DeleteStreamRequest
-	20, // 30: tabletflow.source.v1.TabletServer.GetChanges:input_type -> tabletflow.source.v1.GetChangesRequest
-	22, // 31: tabletflow.source.v1.TabletServer.Ack:input_type -> tabletflow.source.v1.AckRequest
-	24, // 32: tabletflow.source.v1.Admin.Workload:input_type -> tabletflow.source.v1.WorkloadRequest
-	26, // 33: tabletflow.source.v1.Admin.Fault:input_type -> tabletflow.source.v1.FaultRequest
-	28, // 34: tabletflow.source.v1.Admin.Heal:input_type -> tabletflow.source.v1.HealRequest
-	30, // 35: tabletflow.source.v1.Admin.Split:input_type -> tabletflow.source.v1.SplitRequest
-	32, // 36: tabletflow.source.v1.Admin.Digest:input_type -> tabletflow.source.v1.DigestRequest
-	35, // 37: tabletflow.source.v1.Admin.Tail:input_type -> tabletflow.source.v1.TailRequest
-	36, // 38: tabletflow.source.v1.Admin.Rows:input_type -> tabletflow.source.v1.RowsRequest
-	11, // 39: tabletflow.source.v1.Topology.ListTablets:output_type -> tabletflow.source.v1.ListTabletsResponse
-	9,  // 40: tabletflow.source.v1.Topology.GetTablet:output_type -> tabletflow.source.v1.Tablet
-	15, // 41: tabletflow.source.v1.Topology.CreateStream:output_type -> tabletflow.source.v1.Stream
-	15, // 42: tabletflow.source.v1.Topology.DescribeStream:output_type -> tabletflow.source.v1.Stream
-	18, // 43: tabletflow.source.v1.Topology.DeleteStream:output_type -> tabletflow.source.v1.DeleteStreamResponse
-	21, // 44: tabletflow.source.v1.TabletServer.GetChanges:output_type -> tabletflow.source.v1.GetChangesResponse
-	23, // 45: tabletflow.source.v1.TabletServer.Ack:output_type -> tabletflow.source.v1.AckResponse
-	25, // 46: tabletflow.source.v1.Admin.Workload:output_type -> tabletflow.source.v1.WorkloadResponse
-	27, // 47: tabletflow.source.v1.Admin.Fault:output_type -> tabletflow.source.v1.FaultResponse
-	29, // 48: tabletflow.source.v1.Admin.Heal:output_type -> tabletflow.source.v1.HealResponse
-	31, // 49: tabletflow.source.v1.Admin.Split:output_type -> tabletflow.source.v1.SplitResponse
-	34, // 50: tabletflow.source.v1.Admin.Digest:output_type -> tabletflow.source.v1.DigestResponse
-	19, // 51: tabletflow.source.v1.Admin.Tail:output_type -> tabletflow.source.v1.Record
-	38, // 52: tabletflow.source.v1.Admin.Rows:output_type -> tabletflow.source.v1.RowsResponse
-	39, // [39:53] is the sub-list for method output_type
-	25, // [25:39] is the sub-list for method input_type
+	19, // 30: tabletflow.source.v1.Topology.ResyncStream:input_type -> tabletflow.source.v1.ResyncStreamRequest
+	22, // 31: tabletflow.source.v1.TabletServer.GetChanges:input_type -> tabletflow.source.v1.GetChangesRequest
+	24, // 32: tabletflow.source.v1.TabletServer.Ack:input_type -> tabletflow.source.v1.AckRequest
+	26, // 33: tabletflow.source.v1.Admin.Workload:input_type -> tabletflow.source.v1.WorkloadRequest
+	28, // 34: tabletflow.source.v1.Admin.Fault:input_type -> tabletflow.source.v1.FaultRequest
+	30, // 35: tabletflow.source.v1.Admin.Heal:input_type -> tabletflow.source.v1.HealRequest
+	32, // 36: tabletflow.source.v1.Admin.Split:input_type -> tabletflow.source.v1.SplitRequest
+	34, // 37: tabletflow.source.v1.Admin.Digest:input_type -> tabletflow.source.v1.DigestRequest
+	37, // 38: tabletflow.source.v1.Admin.Tail:input_type -> tabletflow.source.v1.TailRequest
+	38, // 39: tabletflow.source.v1.Admin.Rows:input_type -> tabletflow.source.v1.RowsRequest
+	11, // 40: tabletflow.source.v1.Topology.ListTablets:output_type -> tabletflow.source.v1.ListTabletsResponse
+	9,  // 41: tabletflow.source.v1.Topology.GetTablet:output_type -> tabletflow.source.v1.Tablet
+	15, // 42: tabletflow.source.v1.Topology.CreateStream:output_type -> tabletflow.source.v1.Stream
+	15, // 43: tabletflow.source.v1.Topology.DescribeStream:output_type -> tabletflow.source.v1.Stream
+	18, // 44: tabletflow.source.v1.Topology.DeleteStream:output_type -> tabletflow.source.v1.DeleteStreamResponse
+	20, // 45: tabletflow.source.v1.Topology.ResyncStream:output_type -> tabletflow.source.v1.ResyncStreamResponse
+	23, // 46: tabletflow.source.v1.TabletServer.GetChanges:output_type -> tabletflow.source.v1.GetChangesResponse
+	25, // 47: tabletflow.source.v1.TabletServer.Ack:output_type -> tabletflow.source.v1.AckResponse
+	27, // 48: tabletflow.source.v1.Admin.Workload:output_type -> tabletflow.source.v1.WorkloadResponse
+	29, // 49: tabletflow.source.v1.Admin.Fault:output_type -> tabletflow.source.v1.FaultResponse
+	31, // 50: tabletflow.source.v1.Admin.Heal:output_type -> tabletflow.source.v1.HealResponse
+	33, // 51: tabletflow.source.v1.Admin.Split:output_type -> tabletflow.source.v1.SplitResponse
+	36, // 52: tabletflow.source.v1.Admin.Digest:output_type -> tabletflow.source.v1.DigestResponse
+	21, // 53: tabletflow.source.v1.Admin.Tail:output_type -> tabletflow.source.v1.Record
+	40, // 54: tabletflow.source.v1.Admin.Rows:output_type -> tabletflow.source.v1.RowsResponse
+	40, // [40:55] is the sub-list for method output_type
+	25, // [25:40] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -2818,7 +3007,7 @@ func file_source_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_source_proto_rawDesc), len(file_source_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

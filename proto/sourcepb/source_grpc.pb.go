@@ -8,7 +8,9 @@
 // Positions and checkpoints travel as strings "term.index" (both decimal
 // uint64). A checkpoint C means every record at or before C has been
 // consumed; GetChanges from C returns the records after C. The empty
-// checkpoint means "this stream's start position for the tablet".
+// checkpoint means "this stream's start position for the tablet". A
+// resync's copy (ResyncStream) takes positions of the tablet's log that only
+// its stream reads, so another stream may see gaps between the positions.
 //
 // Errors are gRPC status codes with an ErrorInfo detail saying why.
 
@@ -38,6 +40,7 @@ const (
 	Topology_CreateStream_FullMethodName   = "/tabletflow.source.v1.Topology/CreateStream"
 	Topology_DescribeStream_FullMethodName = "/tabletflow.source.v1.Topology/DescribeStream"
 	Topology_DeleteStream_FullMethodName   = "/tabletflow.source.v1.Topology/DeleteStream"
+	Topology_ResyncStream_FullMethodName   = "/tabletflow.source.v1.Topology/ResyncStream"
 )
 
 // TopologyClient is the client API for Topology service.
@@ -61,6 +64,20 @@ type TopologyClient interface {
 	DescribeStream(ctx context.Context, in *DescribeStreamRequest, opts ...grpc.CallOption) (*Stream, error)
 	// DeleteStream drops a stream and the history it held; idempotent.
 	DeleteStream(ctx context.Context, in *DeleteStreamRequest, opts ...grpc.CallOption) (*DeleteStreamResponse, error)
+	// ResyncStream gives one tablet of a stream a fresh start with a copy of
+	// its rows (expired or not): it clears the tablet's expiry and moves the
+	// stream's start and acknowledged checkpoint on the tablet to the log's
+	// current end, the returned start. GetChanges of the stream from that
+	// start delivers a RESYNC_BEGIN marker, the tablet's rows at the start
+	// (of the stream's tables) as READ records, a RESYNC_END marker, then the
+	// tablet's changes after the start. The copy's records have positions of
+	// the tablet's log, after the start and before every later change, that
+	// only this stream reads. A request with the id of the tablet's last
+	// resync returns its start (existed) and starts nothing; an empty id
+	// always starts again. Errors: NOT_FOUND UNKNOWN_STREAM, UNKNOWN_TABLET
+	// (also for a tablet the stream does not cover); INVALID_ARGUMENT
+	// BAD_REQUEST for a split tablet (resync its children).
+	ResyncStream(ctx context.Context, in *ResyncStreamRequest, opts ...grpc.CallOption) (*ResyncStreamResponse, error)
 }
 
 type topologyClient struct {
@@ -121,6 +138,16 @@ func (c *topologyClient) DeleteStream(ctx context.Context, in *DeleteStreamReque
 	return out, nil
 }
 
+func (c *topologyClient) ResyncStream(ctx context.Context, in *ResyncStreamRequest, opts ...grpc.CallOption) (*ResyncStreamResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResyncStreamResponse)
+	err := c.cc.Invoke(ctx, Topology_ResyncStream_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TopologyServer is the server API for Topology service.
 // All implementations must embed UnimplementedTopologyServer
 // for forward compatibility.
@@ -142,6 +169,20 @@ type TopologyServer interface {
 	DescribeStream(context.Context, *DescribeStreamRequest) (*Stream, error)
 	// DeleteStream drops a stream and the history it held; idempotent.
 	DeleteStream(context.Context, *DeleteStreamRequest) (*DeleteStreamResponse, error)
+	// ResyncStream gives one tablet of a stream a fresh start with a copy of
+	// its rows (expired or not): it clears the tablet's expiry and moves the
+	// stream's start and acknowledged checkpoint on the tablet to the log's
+	// current end, the returned start. GetChanges of the stream from that
+	// start delivers a RESYNC_BEGIN marker, the tablet's rows at the start
+	// (of the stream's tables) as READ records, a RESYNC_END marker, then the
+	// tablet's changes after the start. The copy's records have positions of
+	// the tablet's log, after the start and before every later change, that
+	// only this stream reads. A request with the id of the tablet's last
+	// resync returns its start (existed) and starts nothing; an empty id
+	// always starts again. Errors: NOT_FOUND UNKNOWN_STREAM, UNKNOWN_TABLET
+	// (also for a tablet the stream does not cover); INVALID_ARGUMENT
+	// BAD_REQUEST for a split tablet (resync its children).
+	ResyncStream(context.Context, *ResyncStreamRequest) (*ResyncStreamResponse, error)
 	mustEmbedUnimplementedTopologyServer()
 }
 
@@ -166,6 +207,9 @@ func (UnimplementedTopologyServer) DescribeStream(context.Context, *DescribeStre
 }
 func (UnimplementedTopologyServer) DeleteStream(context.Context, *DeleteStreamRequest) (*DeleteStreamResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteStream not implemented")
+}
+func (UnimplementedTopologyServer) ResyncStream(context.Context, *ResyncStreamRequest) (*ResyncStreamResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResyncStream not implemented")
 }
 func (UnimplementedTopologyServer) mustEmbedUnimplementedTopologyServer() {}
 func (UnimplementedTopologyServer) testEmbeddedByValue()                  {}
@@ -278,6 +322,24 @@ func _Topology_DeleteStream_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Topology_ResyncStream_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResyncStreamRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TopologyServer).ResyncStream(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Topology_ResyncStream_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TopologyServer).ResyncStream(ctx, req.(*ResyncStreamRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Topology_ServiceDesc is the grpc.ServiceDesc for Topology service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -304,6 +366,10 @@ var Topology_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteStream",
 			Handler:    _Topology_DeleteStream_Handler,
+		},
+		{
+			MethodName: "ResyncStream",
+			Handler:    _Topology_ResyncStream_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
