@@ -421,6 +421,10 @@ type streamMeta struct {
 	// publication gets it when claimed); empty in a record of a version
 	// before.
 	Stream string `json:"stream,omitempty"`
+	// Resync: the id of the shard's last resync (Source.Resync), whose
+	// copy is framed by markers; ResyncAt, the checkpoint it returned.
+	Resync   string        `json:"resync,omitempty"`
+	ResyncAt pglogrepl.LSN `json:"resyncAt,omitempty"`
 }
 
 // EnsureStream creates, on every shard, the stream's publication on the

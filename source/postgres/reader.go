@@ -78,8 +78,12 @@ type Reader struct {
 	rels    map[uint32]*relation
 	// snap is the shard's snapshot copy in progress (nil: none, or done);
 	// unacked the chunks handed out and not yet marked acked.
-	snap       *snapshot
-	unacked    []handedOut
+	snap    *snapshot
+	unacked []handedOut
+	// behind: the replica, a standby, had not replayed the checkpoint the
+	// reader started from; the stream's record and snapshot progress are
+	// read on the primary.
+	behind     bool
 	open       *openTxn
 	ready      []whole
 	lastStatus time.Time
@@ -245,6 +249,21 @@ func (r *Reader) Close() error {
 // that the replica can serve from (its timeline, then its slot), and
 // starts replication at it.
 func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoint) error {
+	r.behind = false
+	if prim := r.src.primary(r.sh); r.rep != prim && !from.IsZero() {
+		// A standby that has not replayed the checkpoint may not have
+		// replayed the stream's record as it was then either (a
+		// resync's: see resync.go): the primary's is asked for.
+		pool, err := r.rep.poolOf()
+		if err != nil {
+			return err
+		}
+		var replayed bool
+		if err := pool.QueryRow(ctx, `SELECT COALESCE(pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`, pglogrepl.LSN(from.Term).String()).Scan(&replayed); err != nil {
+			return fmt.Errorf("replay position of %s: %w", r.rep.cfg.Alias, err)
+		}
+		r.behind = !replayed
+	}
 	f, err := r.find(ctx, stream)
 	if err != nil {
 		return err
@@ -282,6 +301,14 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 	if r.snap, err = r.openSnapshot(ctx, stream, meta); err != nil {
 		r.Close()
 		return err
+	}
+	if r.snap != nil && r.snap.resync && from == (source.Checkpoint{Term: uint64(meta.ResyncAt)}) {
+		// The resync's start: its begin marker comes first, at (E, 1).
+		// No change has that position: a transaction whose commit
+		// record begins before E is not sent from E (so none that ends
+		// at E is), and every other one ends after E.
+		begin := source.Record{Tablet: r.sh.id, Op: source.ResyncBegin, CommitTime: time.Now().UTC(), Position: source.Checkpoint{Term: from.Term, Index: 1}}
+		r.ready = append(r.ready, whole{cp: begin.Position, records: []source.Record{begin}})
 	}
 	r.startKeeper(conn)
 	return nil
@@ -335,7 +362,7 @@ func (r *Reader) find(ctx context.Context, stream string) (found, error) {
 	if err != nil {
 		return f, err
 	}
-	if prim := r.src.primary(r.sh); r.rep != prim && (!f.exists || f.meta.Start == 0 || f.names.legacy && f.meta.Stream != stream) {
+	if prim := r.src.primary(r.sh); r.rep != prim && (r.behind || !f.exists || f.meta.Start == 0 || f.names.legacy && f.meta.Stream != stream) {
 		pf, err := prim.find(ctx, stream)
 		switch {
 		case err == nil:

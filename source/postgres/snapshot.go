@@ -95,6 +95,9 @@ type snapshot struct {
 	// unsaved: some are not in deliveredTable yet.
 	recent  map[uint32]bool
 	unsaved bool
+	// resync: the copy is a resync's (streamMeta.Resync), framed by
+	// markers.
+	resync bool
 }
 
 type chunk struct {
@@ -104,6 +107,8 @@ type chunk struct {
 	// the cursor before the chunk, to select it again
 	fromTable int
 	fromKey   []string
+	// last: the copy is complete after this chunk.
+	last bool
 }
 
 // committed notes a transaction the change log delivered.
@@ -208,7 +213,7 @@ func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMet
 	if !meta.Snapshot {
 		return nil, nil
 	}
-	if r.rep != r.src.primary(r.sh) {
+	if r.rep != r.src.primary(r.sh) && !r.behind {
 		pool, err := r.rep.poolOf()
 		if err != nil {
 			return nil, err
@@ -229,7 +234,7 @@ func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMet
 	if p.allDone {
 		return nil, nil
 	}
-	snap := &snapshot{}
+	snap := &snapshot{resync: meta.Resync != ""}
 	if snap.tables, err = r.snapTables(ctx, stream); err != nil {
 		return nil, err
 	}
@@ -433,6 +438,7 @@ func (r *Reader) nextChunk(ctx context.Context, stream string, size int) error {
 	}
 	tableDone := len(recs) < size
 	allDone := tableDone && snap.ti == len(snap.tables)-1
+	c.last = allDone
 	if !tableDone {
 		snap.last = last
 	}
@@ -606,6 +612,9 @@ func (r *Reader) delivered(c *chunk) {
 		}
 	}
 	h := handedOut{lsn: c.lsn, last: source.Checkpoint{Term: uint64(c.lsn)}}
+	if snap.resync {
+		c.records = framed(c, r.sh.id)
+	}
 	if len(c.records) == 0 {
 		r.idle = max(r.idle, c.lsn)
 		r.unacked = append(r.unacked, h)
@@ -617,6 +626,14 @@ func (r *Reader) delivered(c *chunk) {
 	h.last = c.records[len(c.records)-1].Position
 	r.unacked = append(r.unacked, h)
 	r.ready = append(r.ready, whole{cp: h.last, records: c.records})
+}
+
+// framed ends a resync's last chunk with its resync-end marker.
+func framed(c *chunk, tablet string) []source.Record {
+	if !c.last {
+		return c.records
+	}
+	return append(c.records, source.Record{Tablet: tablet, Op: source.ResyncEnd, CommitTime: time.Now().UTC()})
 }
 
 // ackChunks marks the chunks the sink now holds (up to cp) as acked on the

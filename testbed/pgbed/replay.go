@@ -29,9 +29,20 @@ func Replay(recs []source.Record) (TextTables, error) { return replay(recs, fals
 // have does nothing.
 func ReplaySnapshot(recs []source.Record) (TextTables, error) { return replay(recs, true) }
 
+// Both replays follow a resync's markers (one shard's records): at a
+// resync-begin the tables start empty again and the rest is replayed as
+// ReplaySnapshot does; a resync-end changes nothing.
+
 func replay(recs []source.Record, lenient bool) (TextTables, error) {
 	out := TextTables{}
 	for _, r := range recs {
+		switch r.Op {
+		case source.ResyncBegin:
+			out, lenient = TextTables{}, true
+			continue
+		case source.ResyncEnd:
+			continue
+		}
 		tbl := out[r.Table]
 		if tbl == nil {
 			tbl = map[string]map[string]any{}
