@@ -217,8 +217,10 @@ func (r *changesRun) openSink() (ok bool, err error) {
 	// Everything committed before (the workflow's checkpoint, an earlier
 	// attempt's) must still be in the sink. Only a tablet that has read
 	// nothing yet may find it empty: a new one, or a split's child still at
-	// its hand-off.
-	if stored := w.Checkpoint(); stored.Compare(r.res.Checkpoint) < 0 && !(stored.IsZero() && r.res.Checkpoint == r.in.Start) {
+	// its hand-off; and one still at a resync's start may find it
+	// anywhere below (the resync's markers supersede what it holds).
+	atStart := r.res.Checkpoint == r.in.Start
+	if stored := w.Checkpoint(); stored.Compare(r.res.Checkpoint) < 0 && !(atStart && (stored.IsZero() || r.in.Resynced)) {
 		r.log.Error("sink is behind the checkpoint committed to it", zap.Stringer("sink", stored), zap.Stringer("checkpoint", r.res.Checkpoint))
 		return false, sinkBehind(stored, r.res.Checkpoint, r.replica.Alias)
 	}

@@ -311,3 +311,31 @@ func classified(src source.Source, err error) error {
 	}
 	return typed(c, fmt.Errorf("%w", err), "", source.Checkpoint{})
 }
+
+// ResyncInput gives one tablet of a stream a fresh source-side start.
+type ResyncInput struct {
+	Stream string        `json:"stream"`
+	Source config.Source `json:"source"`
+	Tablet string        `json:"tablet"`
+	// ID names the resync: the source answers the same id with the same
+	// start.
+	ID string `json:"id"`
+}
+
+// Resync makes a tablet's fresh start (source.Resyncer) and returns its
+// checkpoint.
+func (a *Activities) Resync(ctx context.Context, in ResyncInput) (source.Checkpoint, error) {
+	src, err := a.Resources.Source(in.Source)
+	if err != nil {
+		return source.Checkpoint{}, fatalf("%v", err)
+	}
+	r, ok := src.(source.Resyncer)
+	if !ok {
+		return source.Checkpoint{}, fatalf("source kind %q cannot resync a tablet", in.Source.Kind)
+	}
+	cp, err := r.Resync(ctx, in.Stream, in.Tablet, in.ID)
+	if err != nil {
+		return source.Checkpoint{}, classified(src, err)
+	}
+	return cp, nil
+}

@@ -75,6 +75,10 @@ type GetChangesInput struct {
 	// sink that holds nothing for the tablet is expected only while the
 	// workflow's checkpoint is still Start.
 	Start source.Checkpoint `json:"start,omitzero"`
+	// Resynced: Start is a resync's fresh start (source.Resyncer): the
+	// sink may hold anything below it, since the resync's markers
+	// supersede it.
+	Resynced bool `json:"resynced,omitempty"`
 	// StartFrom is the stream's startFrom, which a zero Checkpoint means
 	// to a source that keeps no stream on its servers (vitess).
 	StartFrom string       `json:"startFrom,omitempty"`

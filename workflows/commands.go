@@ -19,13 +19,14 @@ const (
 	CmdRetry     = "retry"
 	CmdStop      = "stop"
 	CmdConfigure = "configure"
+	CmdResync    = "resync"
 	// CmdRecheck is a stream-to-tablet command only: an exclusion ended,
 	// try selecting a replica again now.
 	CmdRecheck = "recheck"
 )
 
 // SignalCommands are the operator signals a stream listens to.
-var SignalCommands = []string{CmdExclude, CmdInclude, CmdPause, CmdResume, CmdRetry, CmdStop}
+var SignalCommands = []string{CmdExclude, CmdInclude, CmdPause, CmdResume, CmdRetry, CmdStop, CmdResync}
 
 // ExcludeRequest excludes replicas by alias: on one tablet, or on every
 // tablet when Tablet is empty; for TTL, or until included again.

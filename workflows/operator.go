@@ -25,6 +25,7 @@ var operatorCommands = map[string]operatorCommand{
 	CmdRetry:     (*stream).retry,
 	CmdStop:      (*stream).stopStream,
 	CmdConfigure: (*stream).configure,
+	CmdResync:    (*stream).resync,
 }
 
 // registerOperatorCommands sets an update handler (with its validator) for
@@ -331,7 +332,7 @@ func (s *stream) applyTunables() {
 
 // terminal states: the tablet's workflow has ended.
 func terminal(st State) bool {
-	return st == Split || st == Expired || st == Failed || st == Stopped
+	return st == Split || st == Expired || st == Failed || st == Stopped || st == Resyncing
 }
 
 // live returns the tablets whose workflows run, sorted.

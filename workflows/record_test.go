@@ -63,6 +63,7 @@ func TestRecordScriptedHistories(t *testing.T) {
 	for name, fn := range map[string]any{
 		"EnsureStream": f.EnsureStream, "ReadTopology": f.ReadTopology, "ReadTopologyAndPick": f.ReadTopologyAndPick,
 		"CheckTablets": f.CheckTablets, "SelectReplica": f.SelectReplica, "GetChanges": f.GetChanges, "DeleteStream": f.DeleteStream,
+		"Resync": f.Resync,
 	} {
 		w.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
 	}
@@ -172,6 +173,23 @@ func TestRecordScriptedHistories(t *testing.T) {
 		})
 		r.stop(stream)
 		r.record(tab, "tablet-quiet-rewording-stopped")
+	})
+
+	// changeResync: the tablet's first run finds its history expired;
+	// the operator resyncs it; the stream makes its fresh start and
+	// starts its new workflow, which streams; then the stream stops.
+	t.Run("resync", func(t *testing.T) {
+		const stream = "resyncme"
+		r.start(stream)
+		r.waitStream(stream, "t-0001 Expired", func(st workflows.StreamStatus) bool {
+			return len(st.Tablets) == 1 && st.Tablets[0].State == workflows.Expired
+		})
+		r.signal(stream, workflows.CmdResync, `{"tablets": ["t-0001"], "reason": "recorded"}`)
+		r.waitStream(stream, "t-0001 resynced and streaming", func(st workflows.StreamStatus) bool {
+			return st.Tablets[0].Resyncs == 1 && st.Tablets[0].State == workflows.Streaming
+		})
+		r.stop(stream)
+		r.record(stream, "stream-resync-stopped")
 	})
 
 	// changeRetryAfterClose: the operator retries a tablet that reported
@@ -368,6 +386,10 @@ func (f *scripted) SelectReplica(_ context.Context, in activities.SelectReplicaI
 	return activities.Selection{Replica: recordReplica(), Candidates: 1}, nil
 }
 
+func (f *scripted) Resync(context.Context, activities.ResyncInput) (source.Checkpoint, error) {
+	return source.Checkpoint{Term: 2}, nil
+}
+
 func (f *scripted) DeleteStream(context.Context, activities.DeleteStreamInput) error { return nil }
 
 func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
@@ -380,6 +402,11 @@ func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput
 		return activities.GetChangesResult{Checkpoint: in.Checkpoint}, temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("position %s is not held by this replica", in.Checkpoint), activities.ErrRetryElsewhere, nil,
 			activities.ErrorDetails{Reason: "POSITION_MISMATCH", Replica: recordMovedTo, Checkpoint: in.Checkpoint})
+	}
+	if in.Stream == "resyncme" && n == 1 {
+		return activities.GetChangesResult{Checkpoint: in.Checkpoint}, temporal.NewNonRetryableApplicationError(
+			"the stream's history on this tablet is gone", activities.ErrStreamExpired, nil,
+			activities.ErrorDetails{Reason: "STREAM_EXPIRED", Replica: in.Replica.Alias, Checkpoint: in.Checkpoint})
 	}
 	if in.Stream == "retrying" && n <= 3 {
 		return activities.GetChangesResult{Checkpoint: in.Checkpoint}, temporal.NewNonRetryableApplicationError(

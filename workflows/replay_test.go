@@ -99,6 +99,10 @@ var recorded = map[string]recording{
 	// reported Failed but not closed, its new workflow started once the
 	// old one closed, then a stop (from TestRecordScriptedHistories).
 	"stream-retry-after-close-stopped.json": {"retryclose", "80417b7c7351b487a705de89d0152c1351991328688127d866bdb9ab0b493fbc"},
+	// changeResync: a tablet whose history expired, resynced by the
+	// operator (the Resync activity, then its new workflow from the
+	// fresh start), then a stop (from TestRecordScriptedHistories).
+	"stream-resync-stopped.json": {"resyncme", "dd0e79df4e40e1baef9909fa7d00a0c53ceda887d479ed4ed4549e1ad44bd943"},
 	// changeOperatorIntents: a stream that heard of its tablet's start in
 	// its loop, told a pause again after a report contradicting it, then
 	// a resume and a stop (from TestRecordScriptedHistories).

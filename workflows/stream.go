@@ -96,6 +96,8 @@ type stream struct {
 	loopCtx         workflow.Context
 	retried         workflow.Channel
 	checkingRetried bool
+	// resynced takes what the Resync activities came back with.
+	resynced workflow.Channel
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.
@@ -229,6 +231,8 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 	s.pending, s.starts = map[string]*pendingStart{}, workflow.NewChannel(ctx)
 	s.readTopology(ctx, actx, topology)
 	s.checkRetried() // tablets retried in an earlier run that still wait
+	s.resynced = workflow.NewChannel(ctx)
+	s.resumeResyncs()
 	for {
 		if err := ctx.Err(); err != nil {
 			return temporal.NewCanceledError("stream cancelled")
@@ -239,7 +243,7 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 		// A stop that drops the source-side stream waits for a creation
 		// still under way, so that it drops what that creation made.
 		creating := s.ensureBeside && !s.st.SourceStream && next == nil
-		if s.st.Stop != nil && len(s.live()) == 0 && !(creating && s.st.Stop.DropSourceStream) {
+		if s.st.Stop != nil && len(s.live()) == 0 && len(s.st.Resyncs) == 0 && !(creating && s.st.Stop.DropSourceStream) {
 			return s.finish(ctx, actx)
 		}
 		if s.deferred || workflow.GetInfo(ctx).GetContinueAsNewSuggested() {
@@ -265,6 +269,11 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 			var closed []activities.ClosedTablet
 			c.Receive(ctx, &closed)
 			s.restartRetried(ctx, closed)
+		})
+		sel.AddReceive(s.resynced, func(c workflow.ReceiveChannel, _ bool) {
+			var r resyncResult
+			c.Receive(ctx, &r)
+			s.onResynced(ctx, r)
 		})
 		sel.AddReceive(s.starts, func(c workflow.ReceiveChannel, _ bool) {
 			var r startResult
@@ -581,7 +590,7 @@ func (s *stream) executeChild(ctx workflow.Context, c childStart, total int) wor
 	cfg, sections := s.tabletConfig()
 	return workflow.ExecuteChildWorkflow(cctx, TabletWorkflow, TabletInput{
 		Stream: s.id, Tablet: c.id, Config: cfg, Sections: sections, Start: c.start, Tablets: total, Retention: s.st.Retention,
-		Exclude: s.exclusionsOf(c.id, workflow.Now(ctx)), First: c.first,
+		Exclude: s.exclusionsOf(c.id, workflow.Now(ctx)), First: c.first, Resync: s.resyncedStart(c),
 	}, c.state)
 }
 

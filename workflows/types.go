@@ -95,6 +95,9 @@ type TabletStatus struct {
 	// reports are not awaited, so two sent in one workflow task can arrive
 	// in either order, and the stream keeps only the newest.
 	Seq int64 `json:"seq,omitempty"`
+	// Resyncs counts the tablet's resyncs (ResyncRequest); its Start is
+	// the last one's.
+	Resyncs int `json:"resyncs,omitempty"`
 }
 
 // StreamStatus is the `status` query's result.
@@ -154,6 +157,11 @@ type StreamState struct {
 	// workflow had not closed yet: each new workflow starts once the old
 	// one has closed (changeRetryAfterClose).
 	Retried []string `json:"retried,omitempty"`
+	// Resyncs are the resyncs whose fresh start is being made.
+	Resyncs []PendingResync `json:"resyncs,omitempty"`
+	// ResyncSeq numbers the resyncs the stream asked for: each request
+	// gets an id of its own at the source.
+	ResyncSeq int `json:"resyncSeq,omitempty"`
 }
 
 // TabletInput starts a TabletWorkflow. It carries what the tablet needs,
@@ -186,6 +194,8 @@ type TabletInput struct {
 	// First is the replica the stream picked for the tablet's first run
 	// (changeFirstPicks); nil: the tablet selects one itself.
 	First *activities.Selection `json:"first,omitempty"`
+	// Resync: Start is a resync's; the sink may hold anything below it.
+	Resync bool `json:"resync,omitempty"`
 }
 
 // TabletState is everything a TabletWorkflow carries across

@@ -189,4 +189,9 @@ const (
 	// the new reason to the stream. Asked for at a tablet's first such
 	// rewording only.
 	changeQuietRewording = "quiet-rewording"
+
+	// changeResync: the resync command (stream_resync.go) runs the Resync
+	// activity and starts the tablet's new workflow from its fresh
+	// start. Asked for at the first resync a stream applies.
+	changeResync = "resync"
 )

@@ -1,0 +1,173 @@
+package workflows
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// A resync gives one tablet a fresh source-side start and a copy of its
+// rows, while the stream's other tablets go on (source.Resyncer). The
+// operator names tablets whose workflow has ended (Expired, Failed,
+// Stopped); each is Resyncing while the Resync activity makes its new
+// start (pending in StreamState.Resyncs, carried across continue-as-new,
+// and made again by the next run under the same id, which the source
+// answers with the same start), and then starts a new workflow from it,
+// as a retry does. Its source delivers a resync-begin marker, the rows,
+// and a resync-end marker: a sink or a consumer drops the tablet's
+// earlier state by them (docs/sinks.md).
+
+// Resyncing is the state of a tablet whose fresh start the stream is
+// making (no workflow of the tablet runs meanwhile).
+const Resyncing State = "Resyncing"
+
+// ResyncRequest is the resync command's payload.
+type ResyncRequest struct {
+	Tablets []string `json:"tablets"`
+	Reason  string   `json:"reason,omitempty"`
+}
+
+// PendingResync is a resync whose start is being made.
+type PendingResync struct {
+	Tablet string `json:"tablet"`
+	// ID names the resync at the source: the same id answers the same
+	// start.
+	ID     string `json:"id"`
+	Reason string `json:"reason,omitempty"`
+	// From is the state the tablet was in, restored if the resync fails.
+	From State `json:"from"`
+}
+
+// resyncResult is what a Resync activity came back with.
+type resyncResult struct {
+	Tablet string            `json:"tablet"`
+	ID     string            `json:"id"`
+	Start  source.Checkpoint `json:"start"`
+	Err    string            `json:"err,omitempty"`
+}
+
+// resyncable are the states a tablet may be resynced from.
+var resyncable = []State{Expired, Failed, Stopped}
+
+func (s *stream) resync(ctx workflow.Context, raw json.RawMessage, apply bool) error {
+	var req ResyncRequest
+	if err := decodeCommand(raw, &req); err != nil {
+		return err
+	}
+	if len(req.Tablets) == 0 {
+		return fmt.Errorf("tablets: name the tablets to resync (a resync copies each tablet's rows again)")
+	}
+	if len(req.Reason) > maxReasonBytes {
+		return fmt.Errorf("reason: %d bytes, at most %d", len(req.Reason), maxReasonBytes)
+	}
+	if err := validateTablets(req.Tablets, s.st.Tablets); err != nil {
+		return err
+	}
+	if k := config.SourceKinds()[s.cfg.Source.Kind]; !k.Resync {
+		return fmt.Errorf("source kind %q cannot resync a tablet", s.cfg.Source.Kind)
+	}
+	if s.st.Stop != nil {
+		return fmt.Errorf("the stream is stopping; resync restarts tablets of a running stream")
+	}
+	if !s.durable() {
+		return fmt.Errorf("this stream's run predates resync: it takes one after its next continue-as-new")
+	}
+	for i, id := range req.Tablets {
+		if st := s.st.Tablets[id].State; !slices.Contains(resyncable, st) {
+			return fmt.Errorf("tablets[%d]: %s is %s; resync restarts a tablet that is %v (pause or stop is not enough: a running tablet cannot be resynced yet)", i, id, st, resyncable)
+		}
+	}
+	if !apply {
+		return nil
+	}
+	workflow.GetVersion(ctx, changeResync, workflow.DefaultVersion, 1)
+	for _, id := range s.named(ctx, req.Tablets) {
+		row := s.st.Tablets[id]
+		s.st.ResyncSeq++
+		p := PendingResync{Tablet: id, ID: fmt.Sprintf("%s/%d", id, s.st.ResyncSeq), Reason: req.Reason, From: row.State}
+		s.st.Resyncs = append(s.st.Resyncs, p)
+		row.State, row.Updated = Resyncing, workflow.Now(ctx)
+		row.Reason = "resync asked by the operator: making its fresh start at the source"
+		if req.Reason != "" {
+			row.Reason += " (" + req.Reason + ")"
+		}
+		s.makeResync(p)
+	}
+	return nil
+}
+
+// makeResync runs the Resync activity of p beside the stream's loop and
+// sends what it came back with to s.resynced.
+func (s *stream) makeResync(p PendingResync) {
+	if s.resynced == nil {
+		return // made by the loop's start (resumeResyncs)
+	}
+	workflow.Go(s.loopCtx, func(ctx workflow.Context) {
+		var a *activities.Activities
+		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+			StartToCloseTimeout: 5 * time.Minute, Summary: "resync tablet " + p.Tablet + ": its fresh start at the source",
+			RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
+		})
+		r := resyncResult{Tablet: p.Tablet, ID: p.ID}
+		if err := workflow.ExecuteActivity(actx, a.Resync, activities.ResyncInput{
+			Stream: s.id, Source: s.cfg.Source, Tablet: p.Tablet, ID: p.ID,
+		}).Get(ctx, &r.Start); err != nil {
+			r.Err = rootMessage(err)
+		}
+		s.resynced.Send(ctx, r)
+	})
+}
+
+// resumeResyncs makes the resyncs an earlier run left pending.
+func (s *stream) resumeResyncs() {
+	for _, p := range s.st.Resyncs {
+		s.makeResync(p)
+	}
+}
+
+// resyncedStart reports whether a child starts at its tablet's last
+// resync's start.
+func (s *stream) resyncedStart(c childStart) bool {
+	row := s.st.Tablets[c.id]
+	return row != nil && row.Resyncs > 0 && c.start == row.Start
+}
+
+// onResynced starts the tablet's new workflow from its fresh start (or,
+// for a failed resync, puts it back in the state it was in, saying why).
+func (s *stream) onResynced(ctx workflow.Context, r resyncResult) {
+	i := slices.IndexFunc(s.st.Resyncs, func(p PendingResync) bool { return p.Tablet == r.Tablet && p.ID == r.ID })
+	if i < 0 {
+		return
+	}
+	p := s.st.Resyncs[i]
+	s.st.Resyncs = slices.Delete(s.st.Resyncs, i, i+1)
+	row := s.st.Tablets[r.Tablet]
+	row.Updated = workflow.Now(ctx)
+	if r.Err != "" {
+		s.log.Warn("resync failed", "tablet", r.Tablet, "error", r.Err)
+		row.State, row.LastError = p.From, r.Err
+		row.Reason = "resync failed: " + r.Err
+		return
+	}
+	row.Checkpoint, row.Start, row.Resyncs = r.Start, r.Start, row.Resyncs+1
+	if s.st.Stop != nil {
+		row.State, row.Reason = Stopped, "stopped by the operator before its resync's workflow started (its fresh start is made)"
+		return
+	}
+	row.State, row.LastError = Starting, ""
+	row.Reason = fmt.Sprintf("resynced by the operator: copying its rows from %s", r.Start)
+	if p.Reason != "" {
+		row.Reason += " (" + p.Reason + ")"
+	}
+	s.log.Info("resync made; starting the tablet's new workflow", "tablet", r.Tablet, "start", r.Start)
+	s.startChildren(ctx, []childStart{{id: r.Tablet, start: r.Start, retry: true,
+		state: &TabletState{Status: *row, Checkpoint: r.Start, Intents: true, Pause: s.intentOf(r.Tablet).pause}}})
+}
