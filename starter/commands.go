@@ -40,6 +40,10 @@ func operator(name string, args []string, stdout, stderr io.Writer) error {
 	case workflows.CmdPause, workflows.CmdResume, workflows.CmdRetry:
 		tablets := fs.String("tablets", "", "comma-separated tablets (default: all)")
 		payload = func() (any, error) { return workflows.TabletsRequest{Tablets: split(*tablets)}, nil }
+	case workflows.CmdResync:
+		tablets := fs.String("tablets", "", "comma-separated tablets (required)")
+		reason := fs.String("reason", "", "why, shown in the status")
+		payload = func() (any, error) { return workflows.ResyncRequest{Tablets: split(*tablets), Reason: *reason}, nil }
 	case workflows.CmdStop:
 		drop := fs.Bool("drop-source-stream", false, "also delete the source-side stream, so it holds no history")
 		payload = func() (any, error) { return workflows.StopRequest{DropSourceStream: *drop}, nil }

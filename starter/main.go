@@ -34,6 +34,7 @@ const usage = `usage:
   starter exclude ID --aliases A,B [--tablet T] [--reason R] [--ttl 2h]
   starter include ID --aliases A,B
   starter pause|resume|retry ID [--tablets T1,T2]   (default: all tablets)
+  starter resync ID --tablets T1,T2 [--reason R]   fresh start + copy of Expired/Failed/Stopped tablets
   starter stop ID [--drop-source-stream]
   starter configure ID -f TUNABLES.json    selection, retry, autoExcludeTTL, batch, run
 Operator commands run as updates (a bad request is an error here); --signal
@@ -58,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "status":
 		err = status(args[1:], stdout, stderr)
 	case workflows.CmdExclude, workflows.CmdInclude, workflows.CmdPause, workflows.CmdResume,
-		workflows.CmdRetry, workflows.CmdStop, workflows.CmdConfigure:
+		workflows.CmdRetry, workflows.CmdStop, workflows.CmdConfigure, workflows.CmdResync:
 		err = operator(args[0], args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
