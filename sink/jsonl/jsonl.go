@@ -15,11 +15,16 @@
 //
 // A line is
 //
-//	{"stream":…,"tablet":…,"position":"term.index","table":…,"op":"insert"|"update"|"delete",
-//	 "key":{…},"before":{…}|null,"after":{…}|null,"commitTime":"RFC3339Nano, UTC"}
+//	{"stream":…,"tablet":…,"position":"term.index","table":…,
+//	 "op":"insert"|"update"|"delete"|"read"|"truncate"|"resync-begin"|"resync-end",
+//	 "key":{…}|null,"before":{…}|null,"after":{…}|null,"commitTime":"RFC3339Nano, UTC"}
 //
 // with key, before and after copied verbatim from the record, so that
 // digest.Hash over a parsed line reproduces the source's hash (DigestDir).
+// A truncate has no key or images; a resync's markers (source.ResyncBegin,
+// source.ResyncEnd) have none and table "": the sink stores them as it
+// stores changes, and a reader of the files follows them (docs/sinks.md,
+// "Resync markers").
 //
 // Exactly-once: a Commit appends the staged lines at the end of the
 // committed data, syncs the data file, and only then writes the next
@@ -71,8 +76,9 @@ var (
 	ErrCorrupt error = &caseError{"jsonl: corrupt tablet files", sink.ErrCorrupt}
 	// ErrBadTablet: a tablet ID that cannot name a file.
 	ErrBadTablet error = &caseError{"jsonl: bad tablet id", sink.ErrBadTablet}
-	// ErrBadRecord: a record that cannot be written as a line (unknown op,
-	// invalid JSON, another tablet's record).
+	// ErrBadRecord: a record that cannot be written as a line (an op that
+	// is neither a change nor a resync marker, invalid JSON, another
+	// tablet's record).
 	ErrBadRecord error = &caseError{"jsonl: bad record", sink.ErrBadRecord}
 	// ErrBadCommit: Commit with a checkpoint before the writer's
 	// checkpoint or before its last staged record.

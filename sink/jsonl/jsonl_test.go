@@ -106,6 +106,8 @@ func TestLineFormat(t *testing.T) {
 		{Tablet: "t-0001", Position: source.Checkpoint{Term: 2, Index: 8}, CommitTime: at.Add(time.Nanosecond), Table: "order \"items\"",
 			Op: source.Delete, Key: json.RawMessage(`{"id":8}`), Before: json.RawMessage("{\n  \"id\": 8\n}")},
 		{Tablet: "t-0001", Position: source.Checkpoint{Term: 2, Index: 9}, CommitTime: at, Table: "orders", Op: source.Truncate},
+		{Tablet: "t-0001", Position: source.Checkpoint{Term: 3, Index: 1}, CommitTime: at, Op: source.ResyncBegin},
+		{Tablet: "t-0001", Position: source.Checkpoint{Term: 3, Index: 2}, CommitTime: at, Op: source.ResyncEnd},
 	}
 	commit(t, dir, "t-0001", recs)
 
@@ -116,8 +118,23 @@ func TestLineFormat(t *testing.T) {
 		`{"stream":"orders","tablet":"t-0001","position":"2.8","table":"order \"items\"","op":"delete",` +
 		`"key":{"id":8},"before":{"id":8},"after":null,"commitTime":"2026-11-30T09:05:00.120000001Z"}` + "\n" +
 		`{"stream":"orders","tablet":"t-0001","position":"2.9","table":"orders","op":"truncate",` +
+		`"key":null,"before":null,"after":null,"commitTime":"2026-11-30T09:05:00.12Z"}` + "\n" +
+		`{"stream":"orders","tablet":"t-0001","position":"3.1","table":"","op":"resync-begin",` +
+		`"key":null,"before":null,"after":null,"commitTime":"2026-11-30T09:05:00.12Z"}` + "\n" +
+		`{"stream":"orders","tablet":"t-0001","position":"3.2","table":"","op":"resync-end",` +
 		`"key":null,"before":null,"after":null,"commitTime":"2026-11-30T09:05:00.12Z"}` + "\n"
 	require.Equal(t, want, string(data), "fields in order, JSON verbatim (compacted only across a line break), UTC RFC3339Nano")
+	got := readRecords(t, dir)["t-0001"]
+	require.Len(t, got, len(recs))
+	for i, r := range got[3:] {
+		require.Equal(t, recs[3+i].Op, r.Op, "a marker reads back as itself")
+		require.True(t, r.Op.Marker())
+		require.Equal(t, recs[3+i].Position, r.Position)
+		require.Empty(t, r.Table)
+		require.Nil(t, r.Key)
+		require.Nil(t, r.Before)
+		require.Nil(t, r.After)
+	}
 }
 
 func TestWriteRejectsBadRecordsAndStagesNothingOfTheCall(t *testing.T) {

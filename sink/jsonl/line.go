@@ -65,11 +65,13 @@ func linePrefix(stream, tablet string) []byte {
 // appendLine appends rec as one JSON line, fields in the documented order,
 // ending in '\n'. Key, Before and After are copied verbatim after a validity
 // check (empty becomes null); only JSON containing a line break is compacted,
-// so a line never spans two. It returns ErrBadRecord for an unknown op or
-// invalid JSON, and leaves buf's contents up to len(buf) untouched.
+// so a line never spans two. A resync's markers are lines like any other
+// (table "", key, before and after null, as their records have none). It
+// returns ErrBadRecord for an unknown op or invalid JSON, and leaves buf's
+// contents up to len(buf) untouched.
 func appendLine(buf, prefix []byte, rec *source.Record) ([]byte, error) {
 	switch rec.Op {
-	case source.Insert, source.Update, source.Delete, source.Read, source.Truncate:
+	case source.Insert, source.Update, source.Delete, source.Read, source.Truncate, source.ResyncBegin, source.ResyncEnd:
 	default:
 		return buf, fmt.Errorf("%w: position %s: op %q", ErrBadRecord, rec.Position, rec.Op)
 	}
