@@ -1,6 +1,7 @@
 // Package postgres is the PostgreSQL sink. In changelog mode every record
-// is appended to one change table, <schema>.changes; in apply mode records
-// are applied to mirror tables of the source's rows (apply.go). Each tablet's
+// is appended to one change table, <schema>.changes, a resync's markers
+// too (tbl '', key, before and after NULL); in apply mode records are
+// applied to mirror tables of the source's rows (apply.go). Each tablet's
 // checkpoint is a row of <schema>.checkpoints, written in the same
 // transaction as the tablet's records, and only if it is still the
 // checkpoint the writer started from (compare-and-set). So a batch is in
@@ -264,7 +265,7 @@ func check(r source.Record, tablet string) error {
 	switch {
 	case r.Tablet != tablet:
 		return fmt.Errorf("%w: a record of tablet %q written to %q", sink.ErrBadRecord, r.Tablet, tablet)
-	case r.Op != source.Insert && r.Op != source.Update && r.Op != source.Delete && r.Op != source.Read && r.Op != source.Truncate:
+	case r.Op != source.Insert && r.Op != source.Update && r.Op != source.Delete && r.Op != source.Read && r.Op != source.Truncate && !r.Op.Marker():
 		return fmt.Errorf("%w: op %q at %s", sink.ErrBadRecord, r.Op, r.Position)
 	case r.Position.IsZero():
 		return fmt.Errorf("%w: no position", sink.ErrBadRecord)

@@ -84,6 +84,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"CorruptTabletFailsOpenWithErrCorrupt", testCorruptFailsOpen},
 		{"EmptyCommitAdvancesCheckpoint", testEmptyCommit},
 		{"ClosedSinkStopsWriters", testClosedSink},
+		{"ResyncMarkersAreStoredLikeRecords", testResyncMarkers},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t, &env{t: t, h: newHarness(t)})
@@ -174,6 +175,14 @@ func Records(tablet string, from, to uint64) []source.Record {
 		out = append(out, r)
 	}
 	return out
+}
+
+// Marker returns a resync marker of tablet (op source.ResyncBegin or
+// source.ResyncEnd) at the position 1.at: Tablet, Position, CommitTime and
+// Op set, Table, Key, Before and After empty, as a source delivers it.
+func Marker(tablet string, op source.Op, at uint64) source.Record {
+	return source.Record{Tablet: tablet, Position: cp(at), Op: op,
+		CommitTime: time.Date(2026, 11, 30, 10, 0, 0, 987654321, time.UTC).Add(time.Duration(at) * time.Millisecond)}
 }
 
 // cp is the checkpoint 1.i.
@@ -474,4 +483,55 @@ func testCorruptFailsOpen(t *testing.T, e *env) {
 	}
 	// Other tablets are not affected.
 	e.commit(e.openTablet(s, tabletB), Records(tabletB, 1, 2))
+}
+
+// testResyncMarkers writes a resync as a source delivers it: a begin, rows
+// and changes, a second begin (the copy started over), a batch of a
+// marker alone, the end. Write refuses no marker; each is stored once, in
+// order among the records, with its position, and reads back as it was
+// written (no table, no key or images); a commit at a marker's position
+// is the tablet's checkpoint; a re-read batch with markers stores none
+// twice; and the markers do not touch another tablet.
+func testResyncMarkers(t *testing.T, e *env) {
+	s := e.open()
+	w := e.openTablet(s, tabletA)
+	before := Records(tabletA, 1, 4)
+	e.commit(w, before)
+	wb := e.openTablet(s, tabletB)
+	other := Records(tabletB, 1, 3)
+	e.commit(wb, other)
+
+	recs := append(append([]source.Record{}, before...), Marker(tabletA, source.ResyncBegin, 5))
+	recs = append(recs, Records(tabletA, 6, 7)...)
+	recs = append(recs, Marker(tabletA, source.ResyncBegin, 8))
+	e.commit(w, recs[4:])
+	require.Equal(t, cp(8), w.Checkpoint(), "a commit at a marker's position")
+
+	alone := Marker(tabletA, source.ResyncBegin, 9) // a batch of a marker alone
+	require.NoError(t, w.Write(ctx, []source.Record{alone}))
+	require.NoError(t, w.Commit(ctx, alone.Position))
+	recs = append(recs, alone)
+	require.NoError(t, w.Close())
+	e.requireCheckpoint(tabletA, cp(9))
+	w = e.openTablet(s, tabletA)
+
+	tail := append(Records(tabletA, 10, 12), Marker(tabletA, source.ResyncEnd, 13))
+	tail = append(tail, Records(tabletA, 14, 15)...)
+	// Read again from before the first marker: what is stored is skipped.
+	require.NoError(t, w.Write(ctx, append(append([]source.Record{}, recs[3:]...), tail...)))
+	require.NoError(t, w.Commit(ctx, cp(15)))
+	recs = append(recs, tail...)
+	require.NoError(t, w.Close())
+
+	e.requireStored(tabletA, recs)
+	e.requireCheckpoint(tabletA, cp(15))
+	e.requireStored(tabletB, other)
+	for _, r := range e.h.Read(t)[tabletA] {
+		if r.Op.Marker() {
+			require.Empty(t, r.Table, "a marker at %s has no table", r.Position)
+			require.Empty(t, r.Key, "a marker at %s has no key", r.Position)
+			require.Empty(t, r.Before, "a marker at %s has no before image", r.Position)
+			require.Empty(t, r.After, "a marker at %s has no after image", r.Position)
+		}
+	}
 }
