@@ -41,7 +41,9 @@ import (
 // Every row the sink writes into its mirror tables records the tablet that
 // wrote it last, in the column tabletflow_tablet (a given table's too, if
 // it has that column), so that a truncate removes that tablet's rows of
-// the table and only those: other shards' rows of the same table stay.
+// the table and only those: other shards' rows of the same table stay;
+// and so that a resync of a tablet removes, once its copy is complete,
+// the tablet's rows the copy did not give (resync.go).
 //
 // Tables and columns are made in transactions of their own before the
 // batch's; the rows are written in the batch's transaction, beside the
@@ -523,6 +525,14 @@ func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch
 	b := &pgx.Batch{}
 	what := make([]string, 0, len(recs))
 	for _, r := range recs {
+		if r.Op.Marker() {
+			tables, err := s.resyncTables(ctx, r)
+			if err != nil {
+				return nil, nil, err
+			}
+			what = append(what, queueResync(b, r, tables)...)
+			continue
+		}
 		if r.Op == source.Truncate {
 			m, err := s.truncatable(ctx, r)
 			if err != nil {

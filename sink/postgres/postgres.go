@@ -1,8 +1,9 @@
 // Package postgres is the PostgreSQL sink. In changelog mode every record
 // is appended to one change table, <schema>.changes, a resync's markers
-// too (tbl '', key, before and after NULL); in apply mode records are
-// applied to mirror tables of the source's rows (apply.go). Each tablet's
-// checkpoint is a row of <schema>.checkpoints, written in the same
+// too (an empty tbl; key, before and after NULL); in apply mode records are
+// applied to mirror tables of the source's rows (apply.go), and a resync's
+// markers remove the tablet's rows its copy did not give (resync.go). Each
+// tablet's checkpoint is a row of <schema>.checkpoints, written in the same
 // transaction as the tablet's records, and only if it is still the
 // checkpoint the writer started from (compare-and-set). So a batch is in
 // the database whole or not at all, a stale writer is fenced, and delivery
