@@ -148,7 +148,6 @@ func TestApplyModeResyncDeletesTheTabletsRowsItsCopyDidNotGive(t *testing.T) {
 	require.Equal(t, sorted([]string{"100:t-2", "2:t-1"}), items())
 	require.Equal(t, sorted([]string{"100:t-2", "2:t-1"}), owned())
 	require.Equal(t, sorted([]string{"1:t-1", "1:t-2"}), logs())
-	cp := t1.pos
 
 	// A begin in a batch never committed (a crash): nothing is marked.
 	crashed := newSink()
@@ -167,7 +166,7 @@ func TestApplyModeResyncDeletesTheTabletsRowsItsCopyDidNotGive(t *testing.T) {
 	require.NoError(t, err)
 	defer stale.Close()
 	require.NoError(t, t1.commit(t1.rec(source.Update, "public.orders", 7, "newer")))
-	cp = t1.pos
+	cp := t1.pos
 	require.NoError(t, stale.Write(ctx, []source.Record{t1.rec(source.ResyncBegin, "", 0, "")}))
 	require.ErrorIs(t, stale.Commit(ctx, source.Checkpoint{Term: 1, Index: t1.pos}), sink.ErrFenced)
 	require.Equal(t, sorted([]string{"1:t-1", "100:t-2", "2:t-1", "7:t-1"}), orders(), "a begin not committed marks nothing")
