@@ -69,7 +69,7 @@ func (s *tabletService) GetChanges(ctx context.Context, req *sourcepb.GetChanges
 				l.position(l.start), l.position(idx)))
 		}
 		applied := l.applied(lag, now)
-		recs, scanned := readFiltered(l, idx, applied, int(req.MaxRecords), str.wants)
+		recs, scanned := readFiltered(l, idx, applied, int(req.MaxRecords), str)
 		idx = scanned
 		if len(recs) > 0 {
 			resp := &sourcepb.GetChangesResponse{
@@ -114,19 +114,19 @@ func (s *tabletService) GetChanges(ctx context.Context, req *sourcepb.GetChanges
 	}
 }
 
-// readFiltered returns up to max records after index, up to upto, of the
-// tables wants accepts, and the last index it looked at. Callers hold l.mu.
-func readFiltered(l *tabletLog, index, upto uint64, max int, wants func(string) bool) ([]*sourcepb.Record, uint64) {
+// readFiltered returns up to max records after index, up to upto, that
+// stream s reads (its tables' changes and its own resync copies), and the
+// last index it looked at. Callers hold l.mu.
+func readFiltered(l *tabletLog, index, upto uint64, max int, s *stream) ([]*sourcepb.Record, uint64) {
 	if upto <= index {
 		return nil, index
 	}
 	var out []*sourcepb.Record
 	i := index
 	for i < upto && len(out) < max {
-		r := l.recs[i-l.start]
 		i++
-		if wants(r.Table) {
-			out = append(out, r)
+		if l.visible(i, s) {
+			out = append(out, l.recs[i-l.start-1])
 		}
 	}
 	return out, i

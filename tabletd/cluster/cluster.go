@@ -22,6 +22,7 @@ import (
 
 	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/proto/sourcepb"
+	"github.com/tabletflow/tabletflow/source"
 )
 
 // Config sizes a cluster. Zero fields take the defaults in DefaultConfig.
@@ -384,6 +385,12 @@ func opName(op sourcepb.Op) string {
 		return "update"
 	case sourcepb.Op_DELETE:
 		return "delete"
+	case sourcepb.Op_READ:
+		return string(source.Read)
+	case sourcepb.Op_RESYNC_BEGIN:
+		return string(source.ResyncBegin)
+	case sourcepb.Op_RESYNC_END:
+		return string(source.ResyncEnd)
 	}
 	return "unknown"
 }

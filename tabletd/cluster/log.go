@@ -31,12 +31,24 @@ type tabletLog struct {
 	splitAt uint64
 	// notify is closed and replaced on every append and on close.
 	notify chan struct{}
-	// freed is the digest of the freed records, by table.
+	// freed is the digest of the freed changes, by table.
 	freed map[string]digest.Digest
+	// copies are the resync copies in the log, in index order (resync.go);
+	// freedCopies the digest of their freed records, by owner.
+	copies      []copySpan
+	freedCopies map[*stream]digest.Digest
+}
+
+// copySpan is one resync's copy in a log: the records first..last (its
+// markers and READ records), which only owner reads.
+type copySpan struct {
+	first, last uint64
+	owner       *stream
 }
 
 func newTabletLog(term, origin uint64) *tabletLog {
-	return &tabletLog{term: term, origin: origin, start: origin, notify: make(chan struct{}), freed: map[string]digest.Digest{}}
+	return &tabletLog{term: term, origin: origin, start: origin, notify: make(chan struct{}),
+		freed: map[string]digest.Digest{}, freedCopies: map[*stream]digest.Digest{}}
 }
 
 // last returns the last index in the log (start when it is empty).
@@ -55,6 +67,15 @@ func (l *tabletLog) append(r *sourcepb.Record, now time.Time) bool {
 	if l.closed {
 		return false
 	}
+	l.add(r, now)
+	close(l.notify)
+	l.notify = make(chan struct{})
+	return true
+}
+
+// add appends one record to an open log, filling in its position and
+// commit time, without waking readers. Callers hold mu.
+func (l *tabletLog) add(r *sourcepb.Record, now time.Time) {
 	n := now.UnixNano()
 	if k := len(l.nanos); k > 0 && l.nanos[k-1] > n {
 		n = l.nanos[k-1] // commit times never go backwards within a tablet
@@ -64,9 +85,6 @@ func (l *tabletLog) append(r *sourcepb.Record, now time.Time) bool {
 	l.recs = append(l.recs, r)
 	l.nanos = append(l.nanos, n)
 	l.hashes = append(l.hashes, recordHash(r))
-	close(l.notify)
-	l.notify = make(chan struct{})
-	return true
 }
 
 // close ends the log at its last index for a split and returns that index.
@@ -144,9 +162,20 @@ func (l *tabletLog) truncate(cut uint64) {
 	}
 	n := int(cut - l.start)
 	for i, h := range l.hashes[:n] {
+		if r := l.recs[i]; isCopyOp(r.Op) {
+			if owner := l.ownerOf(l.start + uint64(i) + 1); owner != nil { // nil: its stream was deleted
+				d := l.freedCopies[owner]
+				d.Add(h)
+				l.freedCopies[owner] = d
+			}
+			continue
+		}
 		d := l.freed[l.recs[i].Table]
 		d.Add(h)
 		l.freed[l.recs[i].Table] = d
+	}
+	for len(l.copies) > 0 && l.copies[0].last <= cut {
+		l.copies = l.copies[1:]
 	}
 	clear(l.recs[:n])
 	l.recs = l.recs[n:]
@@ -162,20 +191,51 @@ func (l *tabletLog) truncate(cut uint64) {
 	}
 }
 
-// digestUpTo returns the digest of the records with index <= upto of the
-// tables wants accepts. upto must be >= start. Callers hold mu.
-func (l *tabletLog) digestUpTo(upto uint64, wants func(table string) bool) digest.Digest {
+// digestUpTo returns the digest of the records with index <= upto that
+// stream s reads (visible), or with s nil, of every change (no resync
+// copy). upto must be >= start. Callers hold mu.
+func (l *tabletLog) digestUpTo(upto uint64, s *stream) digest.Digest {
 	var d digest.Digest
 	for table, f := range l.freed {
-		if wants(table) {
+		if s == nil || s.wants(table) {
 			d = d.Plus(f)
 		}
 	}
+	if s != nil {
+		d = d.Plus(l.freedCopies[s])
+	}
 	upto = min(upto, l.last())
 	for i := l.start; i < upto; i++ {
-		if r := l.recs[i-l.start]; wants(r.Table) {
+		if l.visible(i+1, s) {
 			d.Add(l.hashes[i-l.start])
 		}
 	}
 	return d
+}
+
+// visible reports whether stream s reads the record at index i (start <
+// i <= last): a change of a table it wants, or a record of its own resync
+// copy. With s nil, every change and no copy. Callers hold mu.
+func (l *tabletLog) visible(i uint64, s *stream) bool {
+	r := l.recs[i-l.start-1]
+	if isCopyOp(r.Op) {
+		return s != nil && l.ownerOf(i) == s
+	}
+	return s == nil || s.wants(r.Table)
+}
+
+// ownerOf returns the stream whose resync copy holds index i, or nil.
+// Callers hold mu.
+func (l *tabletLog) ownerOf(i uint64) *stream {
+	k := sort.Search(len(l.copies), func(k int) bool { return l.copies[k].last >= i })
+	if k < len(l.copies) && l.copies[k].first <= i {
+		return l.copies[k].owner
+	}
+	return nil
+}
+
+// isCopyOp reports whether op is a resync copy's (a marker or a READ),
+// never a change.
+func isCopyOp(op sourcepb.Op) bool {
+	return op == sourcepb.Op_READ || op == sourcepb.Op_RESYNC_BEGIN || op == sourcepb.Op_RESYNC_END
 }

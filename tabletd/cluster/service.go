@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"math"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -118,9 +119,16 @@ func (s *topologyService) DeleteStream(_ context.Context, req *sourcepb.DeleteSt
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, existed := c.streams[req.Stream]
+	st, existed := c.streams[req.Stream]
+	if existed {
+		c.dropCopies(st)
+	}
 	delete(c.streams, req.Stream)
 	return &sourcepb.DeleteStreamResponse{Existed: existed}, nil
+}
+
+func (s *topologyService) ResyncStream(_ context.Context, req *sourcepb.ResyncStreamRequest) (*sourcepb.ResyncStreamResponse, error) {
+	return s.c.Resync(req.Stream, req.Tablet, req.Id)
 }
 
 // adminService drives the test bed.
@@ -260,18 +268,17 @@ func (c *Cluster) Digest(streamID string) (map[string]digest.Digest, error) {
 		}
 		return c.streamDigest(s), nil
 	}
-	all := func(string) bool { return true }
 	out := map[string]digest.Digest{}
 	for id, t := range c.tablets {
 		t.log.mu.Lock()
-		out[id] = t.log.digestUpTo(t.log.last(), all)
+		out[id] = t.log.digestUpTo(t.log.last(), nil)
 		t.log.mu.Unlock()
 	}
 	return out, nil
 }
 
 func (s *adminService) Rows(_ context.Context, req *sourcepb.RowsRequest) (*sourcepb.RowsResponse, error) {
-	rows, err := s.c.Rows(req.Table)
+	rows, err := s.c.Rows(req.Table, req.Tablet)
 	if err != nil {
 		return nil, err
 	}
@@ -308,6 +315,9 @@ func (s *adminService) Tail(req *sourcepb.TailRequest, out grpc.ServerStreamingS
 		idx = max(idx, l.start) // tail is best effort: freed history is skipped
 		recs := l.read(idx, l.last(), 1000)
 		idx += uint64(len(recs))
+		more := len(recs) > 0
+		// A resync's copy is its stream's own, not the tablet's changes.
+		recs = slices.DeleteFunc(recs, func(r *sourcepb.Record) bool { return isCopyOp(r.Op) })
 		ended := l.closed && idx >= l.splitAt
 		notify := l.notify
 		l.mu.Unlock()
@@ -319,7 +329,7 @@ func (s *adminService) Tail(req *sourcepb.TailRequest, out grpc.ServerStreamingS
 		if ended {
 			return nil
 		}
-		if len(recs) > 0 {
+		if more {
 			continue
 		}
 		select {

@@ -37,8 +37,15 @@ type streamTablet struct {
 	// lastReplica served the stream's last GetChanges on the tablet.
 	lastReplica string
 	// prefix is the digest of the records at or below start when the stream
-	// began this tablet; what the stream is due is total - prefix.
+	// began this tablet (or last resynced it); what the stream is due is
+	// total - prefix.
 	prefix digest.Digest
+	// resyncID and resyncStart: the tablet's last resync (ResyncStream) and
+	// the index it started after; resyncRows, the rows it copied.
+	resyncID    string
+	resyncStart uint64
+	resyncRows  uint64
+	resynced    bool
 }
 
 // wants reports whether the stream takes records of the table.
@@ -114,7 +121,7 @@ func (c *Cluster) createStream(req *sourcepb.CreateStreamRequest) (*sourcepb.Str
 		if start == sourcepb.StartFrom_LATEST {
 			at = t.log.last()
 		}
-		s.tablets[id] = &streamTablet{start: at, lastActive: now, prefix: t.log.digestUpTo(at, s.wants)}
+		s.tablets[id] = &streamTablet{start: at, lastActive: now, prefix: t.log.digestUpTo(at, s)}
 		t.log.mu.Unlock()
 	}
 	c.streams[s.id] = s
@@ -147,6 +154,10 @@ func (c *Cluster) describe(s *stream) *sourcepb.Stream {
 		}
 		if st.acked > 0 {
 			e.Acked = log.position(st.acked).String()
+		}
+		if st.resynced {
+			e.ResyncId = st.resyncID
+			e.ResyncStart = log.position(st.resyncStart).String()
 		}
 		out.Tablets = append(out.Tablets, e)
 	}
@@ -217,7 +228,7 @@ func (c *Cluster) streamDigest(s *stream) map[string]digest.Digest {
 	for id, st := range s.tablets {
 		log := c.tablets[id].log
 		log.mu.Lock()
-		out[id] = log.digestUpTo(log.last(), s.wants).Minus(st.prefix)
+		out[id] = log.digestUpTo(log.last(), s).Minus(st.prefix)
 		log.mu.Unlock()
 	}
 	return out

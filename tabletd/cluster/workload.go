@@ -42,6 +42,10 @@ type workload struct {
 	written uint64
 	nextID  int64
 	rows    map[string]*rowSet
+	// routing counts the changes made (rows already changed) but not yet
+	// in their tablet's log: a resync waits for none, holding mu, to copy
+	// rows that are exactly what the logs hold.
+	routing sync.WaitGroup
 	done    chan struct{}
 	stopped sync.WaitGroup
 }
@@ -159,8 +163,10 @@ func (w *workload) generate(n int, whileRunning bool) {
 		}
 		r, h := w.next()
 		w.written++
+		w.routing.Add(1)
 		w.mu.Unlock()
 		w.c.route(r, h)
+		w.routing.Done()
 	}
 }
 
@@ -185,8 +191,10 @@ func (w *workload) writeTo(tabletID string, n int) error {
 		}
 		r := &sourcepb.Record{Table: "orders", Op: sourcepb.Op_INSERT, Key: key, After: mustJSON(w.newRow("orders", id))}
 		w.written++
+		w.routing.Add(1)
 		w.mu.Unlock()
 		w.c.route(r, h)
+		w.routing.Done()
 		written++
 	}
 	return nil
@@ -268,9 +276,10 @@ func (w *workload) amount() string {
 }
 
 // Rows returns the workload's live rows, of one table or (table "") of
-// every table, ordered by table, then id. Rows appended with WriteTo are
-// not among them (they are not kept).
-func (c *Cluster) Rows(table string) ([]*sourcepb.Row, error) {
+// every table, and of one tablet's key range or (tablet "") of all,
+// ordered by table, then id. Rows appended with WriteTo are not among them
+// (they are not kept).
+func (c *Cluster) Rows(table, tablet string) ([]*sourcepb.Row, error) {
 	tables := tableNames
 	if table != "" {
 		if !slices.Contains(tableNames, table) {
@@ -278,19 +287,37 @@ func (c *Cluster) Rows(table string) ([]*sourcepb.Row, error) {
 		}
 		tables = []string{table}
 	}
+	in := func(string, []byte) bool { return true }
+	if tablet != "" {
+		c.mu.RLock()
+		t := c.tablets[tablet]
+		c.mu.RUnlock()
+		if t == nil {
+			return nil, errUnknownTablet(tablet)
+		}
+		in = func(table string, key []byte) bool { return t.contains(keyHash(table, key)) }
+	}
 	w := c.workload
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.rowsOf(tables, in), nil
+}
+
+// rowsOf returns the live rows of tables whose key in accepts, ordered by
+// table, then id. Callers hold mu.
+func (w *workload) rowsOf(tables []string, in func(table string, key []byte) bool) []*sourcepb.Row {
 	var out []*sourcepb.Row
 	for _, t := range tables {
 		rs := w.rows[t]
 		ids := slices.Clone(rs.ids)
 		slices.Sort(ids)
 		for _, id := range ids {
-			out = append(out, &sourcepb.Row{Table: t, Key: keyJSON(id), Row: mustJSON(rs.rows[id])})
+			if key := keyJSON(id); in(t, key) {
+				out = append(out, &sourcepb.Row{Table: t, Key: key, Row: mustJSON(rs.rows[id])})
+			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 func (rs *rowSet) add(id int64, row map[string]any) {
