@@ -43,7 +43,10 @@ type Client struct {
 	conns map[string]*grpc.ClientConn
 }
 
-var _ source.Source = (*Client)(nil)
+var (
+	_ source.Source   = (*Client)(nil)
+	_ source.Resyncer = (*Client)(nil)
+)
 
 // dialOptions cap gRPC's reconnect backoff near 1 s, so that a server that
 // comes back is used again quickly.
@@ -217,6 +220,27 @@ func (c *Client) DeleteStream(ctx context.Context, stream string) error {
 	return nil
 }
 
+// Resync gives the stream a fresh start on the tablet with a copy of its
+// rows (tabletd's ResyncStream): read from the returned checkpoint, the
+// tablet delivers a ResyncBegin marker, its rows as Read records, a
+// ResyncEnd marker, then its changes. The copy is tabletd's: its records
+// are positions of the tablet's log, so a read resumes anywhere inside it.
+// The id of the tablet's last resync returns that resync's checkpoint.
+// An unknown stream or tablet (or one the stream does not cover) is
+// NOT_FOUND with UNKNOWN_STREAM or UNKNOWN_TABLET, a split tablet
+// INVALID_ARGUMENT: Classify calls both Fatal.
+func (c *Client) Resync(ctx context.Context, stream, tablet, id string) (source.Checkpoint, error) {
+	resp, err := c.topo.ResyncStream(ctx, &sourcepb.ResyncStreamRequest{Stream: stream, Tablet: tablet, Id: id})
+	if err != nil {
+		return source.Checkpoint{}, fmt.Errorf("resync stream %s on tablet %s: %w", stream, tablet, err)
+	}
+	cp, err := source.ParseCheckpoint(resp.Start)
+	if err != nil || cp.IsZero() {
+		return source.Checkpoint{}, fmt.Errorf("resync stream %s on tablet %s: response start %q: %w", stream, tablet, resp.Start, source.ErrBadCheckpoint)
+	}
+	return cp, nil
+}
+
 // ListTablets returns every tablet with its replicas' current health.
 func (c *Client) ListTablets(ctx context.Context) ([]source.Tablet, error) {
 	resp, err := c.topo.ListTablets(ctx, &sourcepb.ListTabletsRequest{Keyspace: c.keyspace})
@@ -356,6 +380,12 @@ func opOf(op sourcepb.Op) source.Op {
 		return source.Update
 	case sourcepb.Op_DELETE:
 		return source.Delete
+	case sourcepb.Op_READ:
+		return source.Read
+	case sourcepb.Op_RESYNC_BEGIN:
+		return source.ResyncBegin
+	case sourcepb.Op_RESYNC_END:
+		return source.ResyncEnd
 	}
 	return source.Op(op.String())
 }

@@ -29,9 +29,10 @@ type Config struct {
 	TLS *tlsfiles.Files `json:"tls,omitempty"`
 }
 
-// Adapter is the tabletd source's kind "tabletd".
+// Adapter is the tabletd source's kind "tabletd"; it resyncs a tablet
+// (Client.Resync).
 var Adapter = source.Adapter{
-	Kind: config.NewKind("tabletd", ParseConfig),
+	Kind: config.NewKind("tabletd", ParseConfig).WithResync(),
 	Open: func(cfg config.Source) (source.Source, error) { return Open(cfg) },
 }
 
