@@ -285,14 +285,7 @@ func TestPostgresShardWithEverySlotLostExpiresAloneAndStopDropsTheSlots(t *testi
 	// checkpoint any more.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	slot := postgres.SlotName(stream, "s1")
-	for _, n := range p.bed.Shards[0].Nodes() {
-		p.eventually("the slot on "+n.Name+" dropped", 30*time.Second, func() (bool, string) {
-			_ = n.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
-			err := n.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
-			return err == nil, fmt.Sprint(err)
-		})
-	}
+	p.dropSlots(ctx, stream, 0)
 	st := p.waitStatus(stream, "s1 Expired, s2 streaming", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
 		return tabletStatus(st, "s1").State == workflows.Expired && tabletStatus(st, "s2").State == workflows.Streaming, summary(st)
 	})
