@@ -46,6 +46,12 @@ Exclude the zone2 standbys (tablets reading there move to zone3), then lift it:
 Pause and resume a shard:
   bin/temporal workflow signal --workflow-id pg-orders --name pause --input '{"tablets": ["s1"]}'
   bin/temporal workflow signal --workflow-id pg-orders --name resume --input '{"tablets": ["s1"]}'
+Lose shard s1's history (its slots dropped: s1 goes Expired), then resync it
+(new slots and a copy of its rows between resync-begin and resync-end lines):
+  bin/pgbed drop-slots --stream pg-orders --shard s1
+  bin/starter status pg-orders                      # s1 Expired within seconds
+  bin/starter resync pg-orders --tablets s1 --reason "slots dropped"
+  grep -c '"op":"read"' .data/pg-out/s1.jsonl
 Take a standby down (it stays down until the bed restarts):
   kill -INT \$(head -1 .data/pg/s2-standby1/data/postmaster.pid)     # zone2-s2a
 Stop the stream (dropping its replication slots), then everything:

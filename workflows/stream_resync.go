@@ -82,7 +82,7 @@ func (s *stream) resync(ctx workflow.Context, raw json.RawMessage, apply bool) e
 	}
 	for i, id := range req.Tablets {
 		if st := s.st.Tablets[id].State; !slices.Contains(resyncable, st) {
-			return fmt.Errorf("tablets[%d]: %s is %s; resync restarts a tablet that is %v (pause or stop is not enough: a running tablet cannot be resynced yet)", i, id, st, resyncable)
+			return fmt.Errorf("tablets[%d]: %s is %s; resync restarts a tablet that is %v (a tablet that runs cannot be resynced yet)", i, id, st, resyncable)
 		}
 	}
 	if !apply {

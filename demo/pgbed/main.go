@@ -8,6 +8,9 @@
 // stream config, which names those variables and holds no DSN, then prints
 // a line starting "ready". A directory left by an earlier run is removed
 // first, with any server still running from it.
+//
+// `pgbed drop-slots --stream S --shard s1` drops the stream's slots of one
+// shard on the bed's servers (see dropSlots).
 package main
 
 import (
@@ -30,6 +33,10 @@ import (
 )
 
 func main() {
+	run := run
+	if len(os.Args) > 1 && os.Args[1] == "drop-slots" {
+		run = func() error { return dropSlots(os.Args[2:]) }
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "pgbed:", err)
 		os.Exit(1)
