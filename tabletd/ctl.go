@@ -30,7 +30,7 @@ commands:
   workload status|pause|resume|stop   the write workload (stop is for good)
   workload rate N                     records per second
   digest [--stream ID]                records produced (or due to stream ID) and their hash
-  rows [--table T]                    the workload's current rows, one JSON object a line
+  rows [--table T] [--tablet ID]      the workload's current rows, one JSON object a line
   fault --server ALIAS [--tablet ID] [--down] [--not-serving] [--position-mismatch]
         [--code CODE [--error-rate R]] [--latency D] [--lag D] [--unhealthy]
   fault --topology-down [--for D]     Topology RPCs answer UNAVAILABLE (for D, or until healed)
@@ -39,6 +39,8 @@ commands:
   split --tablet ID                   split a tablet in two
   tail --tablet ID [--from POS]       print a tablet's changes as they are written
   stream describe|delete ID           a source-side stream
+  resync --stream ID --tablet ID [--id RID]
+                                      give a stream's tablet a fresh start with a copy of its rows
 ADDR defaults to $TABLETD_ADDR, then 127.0.0.1:15991. TLS: --tls-ca (and
 --tls-cert/--tls-key for mutual TLS), or $TABLETD_TLS_CA/_CERT/_KEY; a
 server's bearer token (serve --token-env) comes from $TABLETD_TOKEN.
@@ -108,6 +110,8 @@ func ctl(args []string, stdout, stderr io.Writer) error {
 		err = ctlSplit(ctx, cl, rest, stdout, stderr)
 	case "stream":
 		err = ctlStream(ctx, cl, rest, stdout)
+	case "resync":
+		err = ctlResync(ctx, cl, rest, stdout, stderr)
 	default:
 		fs.Usage()
 		return usageError{fmt.Errorf("ctl: unknown command %q", cmd)}
@@ -272,10 +276,11 @@ type RowJSON struct {
 func ctlRows(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
 	fs := flags("rows", stderr)
 	table := fs.String("table", "", "only this table")
+	tablet := fs.String("tablet", "", "only the rows of this tablet's key range")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	resp, err := cl.admin.Rows(ctx, &sourcepb.RowsRequest{Table: *table})
+	resp, err := cl.admin.Rows(ctx, &sourcepb.RowsRequest{Table: *table, Tablet: *tablet})
 	if err != nil {
 		return err
 	}
@@ -477,4 +482,26 @@ func ctlStream(ctx context.Context, cl ctlClients, args []string, stdout io.Writ
 		return printJSON(stdout, map[string]any{"stream": args[1], "existed": resp.Existed})
 	}
 	return usageError{fmt.Errorf("stream: unknown action %q", args[0])}
+}
+
+// ctlResync resyncs one tablet of a stream, as tabletflow's resync does
+// through source/tabletd: for tests and demos.
+func ctlResync(ctx context.Context, cl ctlClients, args []string, stdout, stderr io.Writer) error {
+	fs := flags("resync", stderr)
+	req := &sourcepb.ResyncStreamRequest{}
+	fs.StringVar(&req.Stream, "stream", "", "the source-side stream (required)")
+	fs.StringVar(&req.Tablet, "tablet", "", "the tablet to resync (required)")
+	fs.StringVar(&req.Id, "id", "", "the resync's id: the id of the tablet's last resync starts nothing (default: always start)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if req.Stream == "" || req.Tablet == "" {
+		return usageError{errors.New("resync: --stream and --tablet are required")}
+	}
+	resp, err := cl.topo.ResyncStream(ctx, req)
+	if err != nil {
+		return err
+	}
+	return printJSON(stdout, map[string]any{"stream": req.Stream, "tablet": req.Tablet, "id": req.Id,
+		"start": resp.Start, "rows": resp.Rows, "existed": resp.Existed})
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tabletflow/tabletflow/source"
+	tabletdclient "github.com/tabletflow/tabletflow/source/tabletd"
 	"github.com/tabletflow/tabletflow/tabletd/cluster"
 )
 
@@ -76,6 +78,34 @@ func TestCtlCommandsDriveTheCluster(t *testing.T) {
 		require.Equal(t, key["id"], row["id"])
 	}
 
+	// A stream's tablet resynced: its start is the log's end, the copy
+	// holds the tablet's rows (rows --tablet), and the same id again
+	// starts nothing.
+	code, out, _ = ctlRun(t, addr, "rows", "--tablet", "t-0001")
+	require.Zero(t, code)
+	tabletRows := strings.Count(out, "\n")
+	require.NotZero(t, tabletRows)
+	client, err := tabletdclient.Dial(addr, "commerce", tabletdclient.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close() })
+	_, err = client.EnsureStream(t.Context(), source.StreamSpec{ID: "s"})
+	require.NoError(t, err)
+	var resynced struct {
+		Start   string `json:"start"`
+		Rows    int    `json:"rows"`
+		Existed bool   `json:"existed"`
+	}
+	for _, existed := range []bool{false, true} {
+		code, out, _ = ctlRun(t, addr, "resync", "--stream", "s", "--tablet", "t-0001", "--id", "r1")
+		require.Zero(t, code)
+		require.NoError(t, json.Unmarshal([]byte(out), &resynced))
+		require.Equal(t, tabletRows, resynced.Rows)
+		require.Equal(t, existed, resynced.Existed)
+	}
+	code, out, _ = ctlRun(t, addr, "stream", "describe", "s")
+	require.Zero(t, code)
+	require.Contains(t, out, `"resyncStart": "`+resynced.Start+`"`)
+
 	code, out, _ = ctlRun(t, addr, "fault", "--server", "zone1-0000000101", "--code", "UNAVAILABLE", "--error-rate", "0.5")
 	require.Zero(t, code)
 	require.Contains(t, out, "fault injected")
@@ -120,6 +150,9 @@ func TestCtlRejectsBadInputWithAClearMessage(t *testing.T) {
 		{"unknown tablet", []string{"split", "--tablet", "t-9999"}, 1, "UNKNOWN_TABLET"},
 		{"unknown stream", []string{"digest", "--stream", "nope"}, 1, "UNKNOWN_STREAM"},
 		{"unknown table", []string{"rows", "--table", "nope"}, 1, "InvalidArgument BAD_REQUEST: table"},
+		{"rows of an unknown tablet", []string{"rows", "--tablet", "t-9999"}, 1, "NotFound UNKNOWN_TABLET"},
+		{"resync without tablet", []string{"resync", "--stream", "s"}, 2, "--stream and --tablet are required"},
+		{"resync of an unknown stream", []string{"resync", "--stream", "nope", "--tablet", "t-0001"}, 1, "NotFound UNKNOWN_STREAM"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
