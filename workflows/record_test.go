@@ -192,6 +192,23 @@ func TestRecordScriptedHistories(t *testing.T) {
 		r.record(stream, "stream-resync-stopped")
 	})
 
+	// changeResync, of a tablet that runs: the stream tells it to stop,
+	// and once its Stopped report came makes its fresh start and starts
+	// its new workflow, which streams; then the stream stops.
+	t.Run("resync-running", func(t *testing.T) {
+		const stream = "resyncrun"
+		r.start(stream)
+		r.waitStream(stream, "t-0001 streaming", func(st workflows.StreamStatus) bool {
+			return len(st.Tablets) == 1 && st.Tablets[0].State == workflows.Streaming
+		})
+		r.signal(stream, workflows.CmdResync, `{"tablets": ["t-0001"], "reason": "recorded"}`)
+		r.waitStream(stream, "t-0001 resynced and streaming", func(st workflows.StreamStatus) bool {
+			return st.Tablets[0].Resyncs == 1 && st.Tablets[0].State == workflows.Streaming
+		})
+		r.stop(stream)
+		r.record(stream, "stream-resync-running-stopped")
+	})
+
 	// changeRetryAfterClose: the operator retries a tablet that reported
 	// Failed while its workflow has not closed yet; the stream starts its
 	// new workflow once the old one closed; then the stream stops.

@@ -103,6 +103,10 @@ var recorded = map[string]recording{
 	// operator (the Resync activity, then its new workflow from the
 	// fresh start), then a stop (from TestRecordScriptedHistories).
 	"stream-resync-stopped.json": {"resyncme", "dd0e79df4e40e1baef9909fa7d00a0c53ceda887d479ed4ed4549e1ad44bd943"},
+	// changeResync of a tablet that runs: told to stop, its fresh start
+	// made once its Stopped report came, its new workflow streaming,
+	// then a stop (from TestRecordScriptedHistories).
+	"stream-resync-running-stopped.json": {"resyncrun", "fecc21df9eb8b2582f44cb9ee2c9d555c8cc0201e3b4d46efd5f1139da96288e"},
 	// changeOperatorIntents: a stream that heard of its tablet's start in
 	// its loop, told a pause again after a report contradicting it, then
 	// a resume and a stop (from TestRecordScriptedHistories).

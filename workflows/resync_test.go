@@ -18,9 +18,10 @@ import (
 
 // A resync of an Expired tablet makes its fresh start with the Resync
 // activity (an id of its own) and starts its new workflow from it, the
-// start marked as a resync's; a resync of a tablet that runs is rejected
-// and shown; a resync the source refuses puts the tablet back as it was,
-// saying why.
+// start marked as a resync's; a second resync of it meanwhile is
+// rejected and shown; a resync the source refuses puts the tablet back
+// as it was, saying why. A resync of a Streaming tablet tells it to stop
+// and goes on once its Stopped report comes.
 func TestResyncStartsAnExpiredTabletFromItsFreshStart(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -45,34 +46,43 @@ func TestResyncStartsAnExpiredTabletFromItsFreshStart(t *testing.T) {
 			})
 			env.RegisterDelayedCallback(func() {
 				env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Expired, Reason: "history gone",
-					Checkpoint: cp(77), Records: 72, Updated: env.Now()})
+					Checkpoint: cp(77), Records: 72, Updated: env.Now(), Seq: 1})
+				env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0002", State: Streaming, Checkpoint: cp(40), Updated: env.Now(), Seq: 1})
 			}, 5*time.Second)
 			env.RegisterDelayedCallback(func() {
-				env.SignalWorkflow(CmdResync, json.RawMessage(`{"tablets": ["t-0002"]}`))
 				env.SignalWorkflow(CmdResync, json.RawMessage(`{"tablets": ["t-0001"], "reason": "slots dropped"}`))
+				env.SignalWorkflow(CmdResync, json.RawMessage(`{"tablets": ["t-0001"]}`))
+				env.SignalWorkflow(CmdResync, json.RawMessage(`{"tablets": ["t-0002"]}`))
 			}, 6*time.Second)
+			var stopping StreamStatus
+			env.RegisterDelayedCallback(func() { stopping = queryStatus[StreamStatus](t, env) }, 6500*time.Millisecond)
+			env.RegisterDelayedCallback(func() {
+				env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0002", State: Stopped, Checkpoint: cp(50), Updated: env.Now(), Seq: 2})
+			}, 7*time.Second)
 			var st StreamStatus
 			env.RegisterDelayedCallback(func() { st = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 9*time.Second)
 			env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
 
 			require.Len(t, st.Rejected, 1, "%+v", st.Rejected)
-			require.Contains(t, st.Rejected[0].Reason, "t-0002 is Starting")
-			require.Len(t, asked, 1)
+			require.Contains(t, st.Rejected[0].Reason, "t-0001 is being resynced already")
+			require.Equal(t, Streaming, tabletStatus(stopping, "t-0002").State, "the running tablet is told to stop first")
+			require.Contains(t, tabletStatus(stopping, "t-0002").Reason, "stopping it first")
+			require.Len(t, asked, 2)
 			require.Equal(t, activities.ResyncInput{Stream: "orders", Source: asked[0].Source, Tablet: "t-0001", ID: "t-0001/1"}, asked[0])
-			var row TabletStatus
-			for _, tr := range st.Tablets {
-				if tr.ID == "t-0001" {
-					row = tr
-				}
-			}
+			require.Equal(t, activities.ResyncInput{Stream: "orders", Source: asked[1].Source, Tablet: "t-0002", ID: "t-0002/2"}, asked[1],
+				"made once its Stopped report came")
+			row := tabletStatus(st, "t-0001")
 			if tt.err != nil {
 				require.Len(t, r.starts, 2, "no new workflow")
+				require.Equal(t, Stopped, tabletStatus(st, "t-0002").State, "back as it was")
 				require.Equal(t, Expired, row.State)
 				require.Contains(t, row.Reason, "resync failed: stream orders has no publication")
 				require.Equal(t, cp(77), row.Checkpoint)
 				return
 			}
-			require.Len(t, r.starts, 3)
+			require.Len(t, r.starts, 4)
+			require.Equal(t, "t-0002", r.starts[3].Tablet)
+			require.Equal(t, cp(900), r.starts[3].Start)
 			in, state := r.starts[2], r.states[2]
 			require.Equal(t, "t-0001", in.Tablet)
 			require.Equal(t, cp(900), in.Start, "from the fresh start")
@@ -83,4 +93,14 @@ func TestResyncStartsAnExpiredTabletFromItsFreshStart(t *testing.T) {
 			require.Contains(t, row.Reason, "slots dropped")
 		})
 	}
+}
+
+// tabletStatus is a tablet's row of a stream status.
+func tabletStatus(st StreamStatus, id string) TabletStatus {
+	for _, t := range st.Tablets {
+		if t.ID == id {
+			return t
+		}
+	}
+	return TabletStatus{}
 }

@@ -232,7 +232,7 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 	s.readTopology(ctx, actx, topology)
 	s.checkRetried() // tablets retried in an earlier run that still wait
 	s.resynced = workflow.NewChannel(ctx)
-	s.resumeResyncs()
+	s.resumeResyncs(ctx)
 	for {
 		if err := ctx.Err(); err != nil {
 			return temporal.NewCanceledError("stream cancelled")
@@ -467,6 +467,7 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 		// could take it: told again (changeOperatorIntents).
 		s.owe(r.ID)
 	}
+	s.afterReport(ctx, r.ID)
 }
 
 // stale reports whether report r is older than what the stream holds:

@@ -17,8 +17,10 @@ import (
 // A resync gives one tablet a fresh source-side start and a copy of its
 // rows, while the stream's other tablets go on (source.Resyncer). The
 // operator names tablets whose workflow has ended (Expired, Failed,
-// Stopped); each is Resyncing while the Resync activity makes its new
-// start (pending in StreamState.Resyncs, carried across continue-as-new,
+// Stopped), or that run (Streaming, Retrying, NoEligibleReplica,
+// Paused): those the stream first tells to stop (a final commit), and
+// goes on once their Stopped report comes. Each is Resyncing while the
+// Resync activity makes its new start (pending in StreamState.Resyncs, carried across continue-as-new,
 // and made again by the next run under the same id, which the source
 // answers with the same start), and then starts a new workflow from it,
 // as a retry does. Its source delivers a resync-begin marker, the rows,
@@ -44,6 +46,9 @@ type PendingResync struct {
 	Reason string `json:"reason,omitempty"`
 	// From is the state the tablet was in, restored if the resync fails.
 	From State `json:"from"`
+	// Stopping: the tablet was running; the stream told it to stop and
+	// waits for its terminal report before it makes the fresh start.
+	Stopping bool `json:"stopping,omitempty"`
 }
 
 // resyncResult is what a Resync activity came back with.
@@ -54,8 +59,12 @@ type resyncResult struct {
 	Err    string            `json:"err,omitempty"`
 }
 
-// resyncable are the states a tablet may be resynced from.
-var resyncable = []State{Expired, Failed, Stopped}
+// resyncable are the states a tablet may be resynced from: ended, or
+// running (stopped first).
+var (
+	resyncable = []State{Expired, Failed, Stopped}
+	stoppable  = []State{Streaming, Retrying, NoEligibleReplica, Paused}
+)
 
 func (s *stream) resync(ctx workflow.Context, raw json.RawMessage, apply bool) error {
 	var req ResyncRequest
@@ -81,34 +90,78 @@ func (s *stream) resync(ctx workflow.Context, raw json.RawMessage, apply bool) e
 		return fmt.Errorf("this stream's run predates resync: it takes one after its next continue-as-new")
 	}
 	for i, id := range req.Tablets {
-		if st := s.st.Tablets[id].State; !slices.Contains(resyncable, st) {
-			return fmt.Errorf("tablets[%d]: %s is %s; resync restarts a tablet that is %v (a tablet that runs cannot be resynced yet)", i, id, st, resyncable)
+		st := s.st.Tablets[id].State
+		switch {
+		case s.resyncing(id):
+			return fmt.Errorf("tablets[%d]: %s is being resynced already", i, id)
+		case slices.Contains(stoppable, st) && s.pending[id] != nil:
+			return fmt.Errorf("tablets[%d]: %s is still starting; resync it once it runs", i, id)
+		case !slices.Contains(resyncable, st) && !slices.Contains(stoppable, st):
+			return fmt.Errorf("tablets[%d]: %s is %s; resync takes a tablet that is %v, or that runs (%v)", i, id, st, resyncable, stoppable)
 		}
 	}
 	if !apply {
 		return nil
 	}
 	workflow.GetVersion(ctx, changeResync, workflow.DefaultVersion, 1)
+	var stop []string
 	for _, id := range s.named(ctx, req.Tablets) {
 		row := s.st.Tablets[id]
 		s.st.ResyncSeq++
 		p := PendingResync{Tablet: id, ID: fmt.Sprintf("%s/%d", id, s.st.ResyncSeq), Reason: req.Reason, From: row.State}
-		s.st.Resyncs = append(s.st.Resyncs, p)
-		row.State, row.Updated = Resyncing, workflow.Now(ctx)
-		row.Reason = "resync asked by the operator: making its fresh start at the source"
+		row.Updated = workflow.Now(ctx)
+		if !terminal(row.State) {
+			p.Stopping = true
+			stop = append(stop, id)
+			row.Reason = "resync asked by the operator: stopping it first (a final commit)"
+		} else {
+			row.State = Resyncing
+			row.Reason = "resync asked by the operator: making its fresh start at the source"
+		}
 		if req.Reason != "" {
 			row.Reason += " (" + req.Reason + ")"
 		}
+		s.st.Resyncs = append(s.st.Resyncs, p)
 		s.makeResync(p)
 	}
+	s.tell(ctx, stop, TabletCommand{Kind: CmdStop})
 	return nil
+}
+
+// resyncing reports whether a resync of tablet id is pending.
+func (s *stream) resyncing(id string) bool {
+	return slices.ContainsFunc(s.st.Resyncs, func(p PendingResync) bool { return p.Tablet == id })
+}
+
+// afterReport goes on with the resync of a running tablet once its
+// report says it has ended: a split tablet's resync is dropped (its
+// children carry its rows), any other goes on to its fresh start.
+func (s *stream) afterReport(ctx workflow.Context, id string) {
+	i := slices.IndexFunc(s.st.Resyncs, func(p PendingResync) bool { return p.Tablet == id && p.Stopping })
+	row := s.st.Tablets[id]
+	if i < 0 || row == nil || !terminal(row.State) {
+		return
+	}
+	p := &s.st.Resyncs[i]
+	if row.State == Split {
+		s.st.Resyncs = slices.Delete(s.st.Resyncs, i, i+1)
+		row.Reason += "; the resync asked for it was dropped: the tablet split, its children carry its rows"
+		return
+	}
+	p.Stopping, p.From = false, row.State
+	row.State, row.Updated = Resyncing, workflow.Now(ctx)
+	row.Reason = "resync asked by the operator: making its fresh start at the source"
+	if p.Reason != "" {
+		row.Reason += " (" + p.Reason + ")"
+	}
+	s.makeResync(*p)
 }
 
 // makeResync runs the Resync activity of p beside the stream's loop and
 // sends what it came back with to s.resynced.
 func (s *stream) makeResync(p PendingResync) {
-	if s.resynced == nil {
-		return // made by the loop's start (resumeResyncs)
+	if s.resynced == nil || p.Stopping {
+		return // made by the loop's start (resumeResyncs), or once stopped
 	}
 	workflow.Go(s.loopCtx, func(ctx workflow.Context) {
 		var a *activities.Activities
@@ -126,11 +179,22 @@ func (s *stream) makeResync(p PendingResync) {
 	})
 }
 
-// resumeResyncs makes the resyncs an earlier run left pending.
-func (s *stream) resumeResyncs() {
-	for _, p := range s.st.Resyncs {
-		s.makeResync(p)
+// resumeResyncs makes the resyncs an earlier run left pending, and tells
+// a tablet still to stop for one to stop again (a continue-as-new may
+// have come before its report).
+func (s *stream) resumeResyncs(ctx workflow.Context) {
+	var stop []string
+	for _, p := range slices.Clone(s.st.Resyncs) {
+		switch {
+		case !p.Stopping:
+			s.makeResync(p)
+		case terminal(s.st.Tablets[p.Tablet].State):
+			s.afterReport(ctx, p.Tablet)
+		default:
+			stop = append(stop, p.Tablet)
+		}
 	}
+	s.tell(ctx, stop, TabletCommand{Kind: CmdStop})
 }
 
 // resyncedStart reports whether a child starts at its tablet's last
