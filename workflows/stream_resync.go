@@ -232,6 +232,9 @@ func (s *stream) onResynced(ctx workflow.Context, r resyncResult) {
 		row.Reason += " (" + p.Reason + ")"
 	}
 	s.log.Info("resync made; starting the tablet's new workflow", "tablet", r.Tablet, "start", r.Start)
+	// The resync is the operator's word for the tablet now: a pause asked
+	// before (one that let it expire) is lifted.
+	s.setPaused(false, r.Tablet)
 	s.startChildren(ctx, []childStart{{id: r.Tablet, start: r.Start, retry: true,
-		state: &TabletState{Status: *row, Checkpoint: r.Start, Intents: true, Pause: s.intentOf(r.Tablet).pause}}})
+		state: &TabletState{Status: *row, Checkpoint: r.Start, Intents: true}}})
 }
