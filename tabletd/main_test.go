@@ -104,7 +104,15 @@ func TestCtlCommandsDriveTheCluster(t *testing.T) {
 	}
 	code, out, _ = ctlRun(t, addr, "stream", "describe", "s")
 	require.Zero(t, code)
-	require.Contains(t, out, `"resyncStart": "`+resynced.Start+`"`)
+	var described struct { // protojson: its spacing varies, its fields do not
+		Tablets []struct {
+			Tablet, ResyncID, ResyncStart string
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &described))
+	require.Equal(t, "t-0001", described.Tablets[0].Tablet)
+	require.Equal(t, "r1", described.Tablets[0].ResyncID)
+	require.Equal(t, resynced.Start, described.Tablets[0].ResyncStart)
 
 	code, out, _ = ctlRun(t, addr, "fault", "--server", "zone1-0000000101", "--code", "UNAVAILABLE", "--error-rate", "0.5")
 	require.Zero(t, code)
