@@ -193,11 +193,18 @@ func TestPostgresSourceIntoPostgresSinkInApplyModeMirrorsTheShards(t *testing.T)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	require.NoError(t, p.bed.WaitReplayed(ctx))
+	p.requireMirrorExact(ctx, target, 2*time.Minute)
+}
+
+// requireMirrorExact waits until the apply-mode mirror tables on target
+// hold exactly the bed's shards' rows.
+func (p *pgEnv) requireMirrorExact(ctx context.Context, target *pgbed.Node, within time.Duration) {
+	p.t.Helper()
+	require.NoError(p.t, p.bed.WaitReplayed(ctx))
 	want := pgbed.TextTables{}
 	for _, sh := range p.bed.Shards {
 		tt, err := sh.Primary.TextTables(ctx)
-		require.NoError(t, err)
+		require.NoError(p.t, err)
 		for table, rows := range tt {
 			if want[table] == nil {
 				want[table] = map[string]map[string]any{}
@@ -207,7 +214,7 @@ func TestPostgresSourceIntoPostgresSinkInApplyModeMirrorsTheShards(t *testing.T)
 			}
 		}
 	}
-	p.eventually("the mirror tables hold the shards' tables", 2*time.Minute, func() (bool, string) {
+	p.eventually("the mirror tables hold the shards' tables", within, func() (bool, string) {
 		got, err := mirrorTables(ctx, target)
 		if err != nil {
 			return false, err.Error()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -127,38 +126,6 @@ func (p *pgEnv) dropSlots(ctx context.Context, stream string, i int) {
 			return err == nil, fmt.Sprint(err)
 		})
 	}
-}
-
-// requireMirrorExact waits until the apply-mode mirror tables on target
-// hold exactly the bed's shards' rows.
-func (p *pgEnv) requireMirrorExact(ctx context.Context, target *pgbed.Node, within time.Duration) {
-	p.t.Helper()
-	require.NoError(p.t, p.bed.WaitReplayed(ctx))
-	want := pgbed.TextTables{}
-	for _, sh := range p.bed.Shards {
-		tt, err := sh.Primary.TextTables(ctx)
-		require.NoError(p.t, err)
-		for table, rows := range tt {
-			if want[table] == nil {
-				want[table] = map[string]map[string]any{}
-			}
-			for k, row := range rows {
-				want[table][k] = row
-			}
-		}
-	}
-	p.eventually("the mirror tables hold the shards' tables", within, func() (bool, string) {
-		got, err := mirrorTables(ctx, target)
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, table := range pgbed.Tables {
-			if !reflect.DeepEqual(want[table], got[table]) {
-				return false, fmt.Sprintf("%s: %d rows mirrored, %d in the shards", table, len(got[table]), len(want[table]))
-			}
-		}
-		return true, ""
-	})
 }
 
 // tabletLines reads one tablet's committed JSONL lines.
