@@ -34,7 +34,7 @@ const usage = `usage:
   starter exclude ID --aliases A,B [--tablet T] [--reason R] [--ttl 2h]
   starter include ID --aliases A,B
   starter pause|resume|retry ID [--tablets T1,T2]   (default: all tablets)
-  starter resync ID --tablets T1,T2 [--reason R]   fresh start + copy of Expired/Failed/Stopped tablets
+  starter resync ID --tablets T1,T2 [--reason R]   fresh start + copy of tablets (running ones stop first)
   starter stop ID [--drop-source-stream]
   starter configure ID -f TUNABLES.json    selection, retry, autoExcludeTTL, batch, run
 Operator commands run as updates (a bad request is an error here); --signal

@@ -109,20 +109,15 @@ func (s *stream) resync(ctx workflow.Context, raw json.RawMessage, apply bool) e
 		row := s.st.Tablets[id]
 		s.st.ResyncSeq++
 		p := PendingResync{Tablet: id, ID: fmt.Sprintf("%s/%d", id, s.st.ResyncSeq), Reason: req.Reason, From: row.State}
-		row.Updated = workflow.Now(ctx)
-		if !terminal(row.State) {
-			p.Stopping = true
-			stop = append(stop, id)
-			row.Reason = "resync asked by the operator: stopping it first (a final commit)"
-		} else {
-			row.State = Resyncing
-			row.Reason = "resync asked by the operator: making its fresh start at the source"
+		if terminal(row.State) {
+			s.st.Resyncs = append(s.st.Resyncs, p)
+			s.makeStart(ctx, &s.st.Resyncs[len(s.st.Resyncs)-1], row)
+			continue
 		}
-		if req.Reason != "" {
-			row.Reason += " (" + req.Reason + ")"
-		}
+		p.Stopping = true
 		s.st.Resyncs = append(s.st.Resyncs, p)
-		s.makeResync(p)
+		stop = append(stop, id)
+		row.Reason, row.Updated = p.said("resync asked by the operator: stopping it first (a final commit)"), workflow.Now(ctx)
 	}
 	s.tell(ctx, stop, TabletCommand{Kind: CmdStop})
 	return nil
@@ -142,19 +137,30 @@ func (s *stream) afterReport(ctx workflow.Context, id string) {
 	if i < 0 || row == nil || !terminal(row.State) {
 		return
 	}
-	p := &s.st.Resyncs[i]
 	if row.State == Split {
 		s.st.Resyncs = slices.Delete(s.st.Resyncs, i, i+1)
 		row.Reason += "; the resync asked for it was dropped: the tablet split, its children carry its rows"
 		return
 	}
+	s.makeStart(ctx, &s.st.Resyncs[i], row)
+}
+
+// makeStart makes the tablet of p, whose workflow has ended, Resyncing
+// and runs its Resync activity; a failed one puts it back in the state
+// it is in now.
+func (s *stream) makeStart(ctx workflow.Context, p *PendingResync, row *TabletStatus) {
 	p.Stopping, p.From = false, row.State
 	row.State, row.Updated = Resyncing, workflow.Now(ctx)
-	row.Reason = "resync asked by the operator: making its fresh start at the source"
-	if p.Reason != "" {
-		row.Reason += " (" + p.Reason + ")"
-	}
+	row.Reason = p.said("resync asked by the operator: making its fresh start at the source")
 	s.makeResync(*p)
+}
+
+// said is what, followed by the operator's reason for the resync.
+func (p PendingResync) said(what string) string {
+	if p.Reason == "" {
+		return what
+	}
+	return what + " (" + p.Reason + ")"
 }
 
 // makeResync runs the Resync activity of p beside the stream's loop and
@@ -227,10 +233,7 @@ func (s *stream) onResynced(ctx workflow.Context, r resyncResult) {
 		return
 	}
 	row.State, row.LastError = Starting, ""
-	row.Reason = fmt.Sprintf("resynced by the operator: copying its rows from %s", r.Start)
-	if p.Reason != "" {
-		row.Reason += " (" + p.Reason + ")"
-	}
+	row.Reason = p.said(fmt.Sprintf("resynced by the operator: copying its rows from %s", r.Start))
 	s.log.Info("resync made; starting the tablet's new workflow", "tablet", r.Tablet, "start", r.Start)
 	// The resync is the operator's word for the tablet now: a pause asked
 	// before (one that let it expire) is lifted.
