@@ -360,8 +360,7 @@ func (s *Source) claim(ctx context.Context, sh *shard, f found) (found, bool, er
 		}
 		if m.Stream == "" {
 			m.Stream = stream
-			b, _ := json.Marshal(m)
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{f.names.pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
+			if err := m.record(ctx, tx, f.names.pub); err != nil {
 				return err
 			}
 		}
@@ -511,11 +510,23 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 	if snapshotHook != nil {
 		snapshotHook("meta")
 	}
-	b, _ := json.Marshal(m)
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{n.pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
+	if err := m.record(ctx, pool, n.pub); err != nil {
 		return streamMeta{}, fmt.Errorf("record the stream's start on %s: %w", prim.cfg.Alias, err)
 	}
 	return m, nil
+}
+
+// execer runs a statement: a pool, or a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// record writes m as the stream's record on a shard's primary: the
+// comment of its publication pub.
+func (m streamMeta) record(ctx context.Context, q execer, pub string) error {
+	b, _ := json.Marshal(m)
+	_, err := q.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{pub}.Sanitize(), quoteLiteral(string(b))))
+	return err
 }
 
 // slotRow is a slot's state on one replica.
@@ -824,9 +835,17 @@ func (r *replica) dropPublication(ctx context.Context, n names, stream string) e
 	if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{n.pub}.Sanitize()); err != nil {
 		return err
 	}
+	return clearProgress(ctx, pool, stream, r.shard)
+}
+
+// clearProgress deletes a shard's snapshot progress of a stream on its
+// primary (none there, no snapshot ever ran: nothing to do). In a
+// transaction, the progress tables must exist (ensureProgressTable): a
+// missing one aborts it.
+func clearProgress(ctx context.Context, q execer, stream, shard string) error {
 	for _, table := range []string{progressTable, deliveredTable} {
-		_, err = pool.Exec(ctx, `DELETE FROM `+table+` WHERE stream = $1 AND shard = $2`, stream, r.shard)
-		if err != nil && !isCode(err, "42P01") && !isCode(err, "3F000") { // no snapshot ever ran there
+		_, err := q.Exec(ctx, `DELETE FROM `+table+` WHERE stream = $1 AND shard = $2`, stream, shard)
+		if err != nil && !isCode(err, "42P01") && !isCode(err, "3F000") {
 			return err
 		}
 	}

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
@@ -87,16 +86,10 @@ func (s *Source) Resync(ctx context.Context, stream, tablet, id string) (source.
 	m.Start, m.Timeline, m.Snapshot, m.Resync, m.Stream = start, tli, true, id, stream
 	var at string
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		for _, table := range []string{progressTable, deliveredTable} {
-			if _, err := tx.Exec(ctx, `DELETE FROM `+table+` WHERE stream = $1 AND shard = $2`, stream, sh.id); err != nil {
-				return err
-			}
-		}
-		b, _ := json.Marshal(m)
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{f.names.pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
+		if err := clearProgress(ctx, tx, stream, sh.id); err != nil {
 			return err
 		}
-		return nil
+		return m.record(ctx, tx, f.names.pub)
 	})
 	if err == nil {
 		// After the commit: E is past the transaction's commit record.
@@ -111,8 +104,7 @@ func (s *Source) Resync(ctx context.Context, stream, tablet, id string) (source.
 	}
 	// The resync's position, kept so that the same id answers it again.
 	m.ResyncAt = e
-	b, _ := json.Marshal(m)
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{f.names.pub}.Sanitize(), quoteLiteral(string(b)))); err != nil {
+	if err := m.record(ctx, pool, f.names.pub); err != nil {
 		return source.Checkpoint{}, fmt.Errorf("record the resync of shard %s on %s: %w", sh.id, prim.cfg.Alias, err)
 	}
 	return source.Checkpoint{Term: uint64(e)}, nil
