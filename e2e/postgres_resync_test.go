@@ -118,13 +118,8 @@ func TestPostgresResyncRecoversAnExpiredShardExactlyThroughAWorkerKill(t *testin
 // session that reads it first): no replica can serve its checkpoint.
 func (p *pgEnv) dropSlots(ctx context.Context, stream string, i int) {
 	p.t.Helper()
-	slot := postgres.SlotName(stream, fmt.Sprintf("s%d", i+1))
 	for _, n := range p.bed.Shards[i].Nodes() {
-		p.eventually("the slot on "+n.Name+" dropped", 30*time.Second, func() (bool, string) {
-			_ = n.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
-			err := n.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
-			return err == nil, fmt.Sprint(err)
-		})
+		require.NoError(p.t, pgbed.DropSlot(ctx, n.DSN(), postgres.SlotName(stream, fmt.Sprintf("s%d", i+1))), n.Name)
 	}
 }
 

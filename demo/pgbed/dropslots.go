@@ -9,9 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/tabletflow/tabletflow/source/postgres"
+	"github.com/tabletflow/tabletflow/testbed/pgbed"
 )
 
 // dropSlots is `pgbed drop-slots`: it drops a stream's replication slot of
@@ -43,23 +42,7 @@ func dropSlots(args []string) error {
 			continue
 		}
 		found++
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
-		for try := 0; err == nil && try < 50; try++ {
-			var n int
-			if err = conn.QueryRow(ctx, `SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NULL`, slot).Scan(&n); err == nil {
-				var left bool
-				if err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&left); err == nil && !left {
-					break
-				}
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		_ = conn.Close(ctx)
-		if err != nil {
+		if err := pgbed.DropSlot(ctx, dsn, slot); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		fmt.Printf("dropped slot %s (%s)\n", slot, name)

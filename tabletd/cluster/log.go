@@ -68,9 +68,14 @@ func (l *tabletLog) append(r *sourcepb.Record, now time.Time) bool {
 		return false
 	}
 	l.add(r, now)
+	l.wake()
+	return true
+}
+
+// wake tells the log's readers it changed. Callers hold mu.
+func (l *tabletLog) wake() {
 	close(l.notify)
 	l.notify = make(chan struct{})
-	return true
 }
 
 // add appends one record to an open log, filling in its position and
@@ -93,8 +98,7 @@ func (l *tabletLog) close() uint64 {
 	defer l.mu.Unlock()
 	l.closed = true
 	l.splitAt = l.last()
-	close(l.notify)
-	l.notify = make(chan struct{})
+	l.wake()
 	return l.splitAt
 }
 

@@ -85,8 +85,7 @@ func (c *Cluster) Resync(streamID, tabletID, id string) (*sourcepb.ResyncStreamR
 	l.add(&sourcepb.Record{Tablet: t.id, Op: sourcepb.Op_RESYNC_END}, now)
 	l.copies = append(l.copies, copySpan{first: at + 1, last: l.last(), owner: s})
 	prefix := l.digestUpTo(at, s)
-	close(l.notify)
-	l.notify = make(chan struct{})
+	l.wake()
 	l.mu.Unlock()
 
 	*st = streamTablet{
