@@ -68,8 +68,7 @@ func TestTabletdResyncRecoversAnExpiredAndARunningTabletExactly(t *testing.T) {
 			}
 			var got digest.Digest
 			for _, l := range ls {
-				got.Add(digest.Hash(digest.Fields{Tablet: l.Tablet, Position: l.Position, Table: l.Table, Op: string(l.Op),
-					Key: l.Key, Before: l.Before, After: l.After, CommitTime: l.CommitTime}))
+				got.Add(l.Hash())
 			}
 			if got.Records != want.Records || got.Hash != want.Hash {
 				return false, fmt.Sprintf("%s: due %d records hash %s, sink %d hash %s", tablet, want.Records, digest.HashHex(want.Hash),

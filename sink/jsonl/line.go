@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tabletflow/tabletflow/digest"
 	"github.com/tabletflow/tabletflow/source"
 )
 
@@ -43,6 +44,12 @@ func (l Line) Record() (source.Record, error) {
 		Before:     nullToNil(l.Before),
 		After:      nullToNil(l.After),
 	}, nil
+}
+
+// Hash is the line's record's digest.Hash, as the source computes it.
+func (l Line) Hash() uint64 {
+	return digest.Hash(digest.Fields{Tablet: l.Tablet, Position: l.Position, Table: l.Table, Op: string(l.Op),
+		Key: l.Key, Before: l.Before, After: l.After, CommitTime: l.CommitTime})
 }
 
 func nullToNil(raw json.RawMessage) json.RawMessage {

@@ -82,10 +82,7 @@ func DigestDir(dir string) (Report, error) {
 			t := &out[i]
 			seen := map[string]int{}
 			t.err = scanFile(dir, tablet, func(_ string, l Line) error {
-				t.d.Add(digest.Hash(digest.Fields{
-					Tablet: l.Tablet, Position: l.Position, Table: l.Table, Op: string(l.Op),
-					Key: l.Key, Before: l.Before, After: l.After, CommitTime: l.CommitTime,
-				}))
+				t.d.Add(l.Hash())
 				seen[l.Position]++
 				return nil
 			})
