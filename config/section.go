@@ -125,6 +125,9 @@ type Kind struct {
 	// Resync: the source can give one tablet of a running stream a fresh
 	// start with a copy of its rows (source.Resyncer).
 	Resync bool
+	// AdhocSnapshot: the source can copy named tables of a running stream
+	// again (source.Snapshotter).
+	AdhocSnapshot bool
 }
 
 // NewKind is the Kind of an adapter whose sections parse into a T.
@@ -144,6 +147,13 @@ func (k Kind) WithSnapshot() Kind {
 // stream (source.Resyncer).
 func (k Kind) WithResync() Kind {
 	k.Resync = true
+	return k
+}
+
+// WithAdhocSnapshot is k for a source that can copy named tables of a
+// running stream again (source.Snapshotter).
+func (k Kind) WithAdhocSnapshot() Kind {
+	k.AdhocSnapshot = true
 	return k
 }
 

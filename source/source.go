@@ -101,6 +101,65 @@ type Resyncer interface {
 	Resync(ctx context.Context, stream, tablet, id string) (Checkpoint, error)
 }
 
+// Snapshotter is implemented by sources that can copy named tables of a
+// running stream again, tablet by tablet, while the tablet streams (an
+// ad-hoc snapshot, the operator's snapshot command; or the backfill of a
+// table added to the stream).
+type Snapshotter interface {
+	// Snapshot records job for the tablet: its readers opened after the
+	// call returns copy the current rows of the job's tables as Read
+	// records, chunked by primary key and woven into the tablet's changes
+	// by watermarks, so that no table is locked and nothing is missed or
+	// applied out of order; after a copy already in progress (a stream's
+	// start, a resync), and resumable across reader restarts. The tables
+	// must be ones the stream publishes. A second call with the job's ID
+	// does nothing; a job with another ID replaces one not finished.
+	Snapshot(ctx context.Context, stream, tablet string, job SnapshotJob) error
+	// CancelSnapshot ends job id on the tablet: readers opened after the
+	// call copy no more of it. No such job (or a finished one): nil.
+	CancelSnapshot(ctx context.Context, stream, tablet, id string) error
+}
+
+// SnapshotJob is an ad-hoc snapshot of a tablet: its tables, named as the
+// source's config names them.
+type SnapshotJob struct {
+	ID     string   `json:"id"`
+	Tables []string `json:"tables"`
+}
+
+// Copy kinds (CopyProgress.Kind).
+const (
+	CopyStart    = "start"    // a stream's startFrom snapshot
+	CopyResync   = "resync"   // a resync's (Resyncer)
+	CopySnapshot = "snapshot" // an ad-hoc snapshot's (Snapshotter)
+)
+
+// CopyProgress is a tablet's copy of rows as its reader saw it.
+type CopyProgress struct {
+	Kind string `json:"kind"`
+	// ID is the resync's or the snapshot's id.
+	ID string `json:"id,omitempty"`
+	// Tables the copy takes, and how many of them are done.
+	Tables     int `json:"tables"`
+	TablesDone int `json:"tablesDone"`
+	// Table is the table being copied.
+	Table string `json:"table,omitempty"`
+	// Rows the reader handed out since it opened the copy (a chunk copied
+	// again after a crash counts again).
+	Rows int64 `json:"rows"`
+	// Estimate is how many rows the copy's tables hold, by the server's
+	// statistics (0: unknown).
+	Estimate int64 `json:"estimate,omitempty"`
+	// Done: the copy's last chunk was handed out.
+	Done bool `json:"done,omitempty"`
+}
+
+// CopyReporter is implemented by readers that copy rows: Copy returns the
+// copy the reader has open, or the last one it finished (nil: none).
+type CopyReporter interface {
+	Copy() *CopyProgress
+}
+
 // StartFrom says where a new stream starts.
 type StartFrom string
 

@@ -424,6 +424,8 @@ type streamMeta struct {
 	// copy is framed by markers; ResyncAt, the checkpoint it returned.
 	Resync   string        `json:"resync,omitempty"`
 	ResyncAt pglogrepl.LSN `json:"resyncAt,omitempty"`
+	// Adhoc: the shard's last ad-hoc snapshot job (Source.Snapshot).
+	Adhoc *adhocJob `json:"adhoc,omitempty"`
 }
 
 // EnsureStream creates, on every shard, the stream's publication on the
@@ -527,6 +529,33 @@ func (m streamMeta) record(ctx context.Context, q execer, pub string) error {
 	b, _ := json.Marshal(m)
 	_, err := q.Exec(ctx, fmt.Sprintf(`COMMENT ON PUBLICATION %s IS %s`, pgx.Identifier{pub}.Sanitize(), quoteLiteral(string(b))))
 	return err
+}
+
+// rewrite changes the stream's record on a shard's primary, in tx: it
+// reads the record afresh under the lock claim takes, and writes it again
+// if change says it changed it, so that writers of different fields (a
+// resync's, an ad-hoc job's) keep each other's.
+func rewrite(ctx context.Context, tx pgx.Tx, pub string, change func(m *streamMeta) (bool, error)) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('tabletflow'), hashtext($1))`, pub); err != nil {
+		return err
+	}
+	var comment *string
+	err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: publication %s is gone", errPublication, pub)
+	}
+	if err != nil {
+		return err
+	}
+	var m streamMeta
+	if comment != nil {
+		_ = json.Unmarshal([]byte(*comment), &m)
+	}
+	changed, err := change(&m)
+	if err != nil || !changed {
+		return err
+	}
+	return m.record(ctx, tx, pub)
 }
 
 // slotRow is a slot's state on one replica.
@@ -839,12 +868,22 @@ func (r *replica) dropPublication(ctx context.Context, n names, stream string) e
 }
 
 // clearProgress deletes a shard's snapshot progress of a stream on its
-// primary (none there, no snapshot ever ran: nothing to do). In a
-// transaction, the progress tables must exist (ensureProgressTable): a
-// missing one aborts it.
+// primary, its start or resync copy's and its ad-hoc jobs' (none there,
+// no snapshot ever ran: nothing to do); clearJobs, its jobs' alone. A
+// job's rows are keyed by the shard column (jobKey: the shard's id, "#",
+// …; shard ids have no "#"). In a transaction, the progress tables must
+// exist (ensureProgressTable): a missing one aborts it.
 func clearProgress(ctx context.Context, q execer, stream, shard string) error {
+	return deleteProgress(ctx, q, `stream = $1 AND (shard = $2 OR starts_with(shard, $2 || '#'))`, stream, shard)
+}
+
+func clearJobs(ctx context.Context, q execer, stream, shard string) error {
+	return deleteProgress(ctx, q, `stream = $1 AND starts_with(shard, $2 || '#')`, stream, shard)
+}
+
+func deleteProgress(ctx context.Context, q execer, where string, args ...any) error {
 	for _, table := range []string{progressTable, deliveredTable} {
-		_, err := q.Exec(ctx, `DELETE FROM `+table+` WHERE stream = $1 AND shard = $2`, stream, shard)
+		_, err := q.Exec(ctx, `DELETE FROM `+table+` WHERE `+where, args...)
 		if err != nil && !isCode(err, "42P01") && !isCode(err, "3F000") {
 			return err
 		}

@@ -76,10 +76,13 @@ type Reader struct {
 	// flow is not caught up.
 	waiting bool
 	rels    map[uint32]*relation
-	// snap is the shard's snapshot copy in progress (nil: none, or done);
-	// unacked the chunks handed out and not yet marked acked.
-	snap    *snapshot
-	unacked []handedOut
+	// snap is the shard's snapshot copy in progress (nil: none; or done);
+	// unacked the chunks handed out and not yet marked acked; lastCopy
+	// the report of the copy open, or of the last one, kept across Close
+	// (Copy).
+	snap     *snapshot
+	unacked  []handedOut
+	lastCopy *source.CopyProgress
 	// behind: the replica, a standby, had not replayed the checkpoint the
 	// reader started from; the stream's record and snapshot progress are
 	// read on the primary.
@@ -101,6 +104,9 @@ type openTxn struct {
 type whole struct {
 	cp      source.Checkpoint
 	records []source.Record
+	// report: the records are a copy's chunk, reported (Copy) once they
+	// are in a batch.
+	report *chunkReport
 }
 
 var _ source.ReplicaReader = (*Reader)(nil)
@@ -119,6 +125,14 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 			return source.Batch{}, r.stated(err)
 		}
 	}
+	if r.snap != nil && r.snap.done && r.snap.pending == nil && r.snap.kind != source.CopySnapshot {
+		// The start or resync copy is complete, its end reported after
+		// the batch before: the shard's ad-hoc job follows.
+		if err := r.followWithJob(ctx, req.Stream); err != nil {
+			r.Close()
+			return source.Batch{}, err
+		}
+	}
 	// One context for the wait for the first record, one for the linger
 	// after it (not one per message: this loop runs for every row).
 	pollCtx, cancelPoll := context.WithTimeout(ctx, req.MaxWait)
@@ -133,6 +147,7 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 			b.Records = append(b.Records, t.records...)
 			b.Checkpoint = t.cp
 			n += len(t.records)
+			t.report.apply()
 		}
 		if n >= req.MaxRecords || len(r.ready) > 0 {
 			break
@@ -226,7 +241,7 @@ func (r *Reader) Ack(ctx context.Context, stream, tablet string, cp source.Check
 	return nil
 }
 
-// Close ends the replication connection.
+// Close ends the replication connection. What Copy reports stays.
 func (r *Reader) Close() error {
 	if r.stopKeep != nil {
 		r.stopKeep()

@@ -15,9 +15,11 @@ import (
 //  1. the shard's slots of the stream are dropped and made again on every
 //     replica that answers (a standby that does not gets its slot from
 //     its reader, as after a stream's start);
-//  2. its snapshot progress is deleted, and its record (the publication's
-//     comment) says that the shard copies its tables again (Snapshot),
-//     from the new slots' start, under the resync's id;
+//  2. its snapshot progress is deleted (its ad-hoc jobs' too), and its
+//     record (the publication's comment) says that the shard copies its
+//     tables again (Snapshot), from the new slots' start, under the
+//     resync's id; an ad-hoc job not ended is ended by it (its copy takes
+//     every table, after the job was recorded);
 //  3. the checkpoint returned is the primary's WAL position after that
 //     record (E): after every position the shard had before, and after
 //     the record, so that a standby that has replayed E has replayed the
@@ -82,14 +84,21 @@ func (s *Source) Resync(ctx context.Context, stream, tablet, id string) (source.
 	if err != nil {
 		return source.Checkpoint{}, fmt.Errorf("read timeline on %s: %w", prim.cfg.Alias, err)
 	}
-	m := f.meta
-	m.Start, m.Timeline, m.Snapshot, m.Resync, m.Stream = start, tli, true, id, stream
 	var at string
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := clearProgress(ctx, tx, stream, sh.id); err != nil {
 			return err
 		}
-		return m.record(ctx, tx, f.names.pub)
+		return rewrite(ctx, tx, f.names.pub, func(m *streamMeta) (bool, error) {
+			// ResyncAt: none until the second write, so that a crash
+			// between the two never answers this id with the last
+			// resync's position.
+			m.Start, m.Timeline, m.Snapshot, m.Resync, m.ResyncAt, m.Stream = start, tli, true, id, 0, stream
+			if m.Adhoc.live() {
+				m.Adhoc.Ended = "resync " + id
+			}
+			return true, nil
+		})
 	})
 	if err == nil {
 		// After the commit: E is past the transaction's commit record.
@@ -103,8 +112,13 @@ func (s *Source) Resync(ctx context.Context, stream, tablet, id string) (source.
 		return source.Checkpoint{}, err
 	}
 	// The resync's position, kept so that the same id answers it again.
-	m.ResyncAt = e
-	if err := m.record(ctx, pool, f.names.pub); err != nil {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return rewrite(ctx, tx, f.names.pub, func(m *streamMeta) (bool, error) {
+			m.ResyncAt = e
+			return true, nil
+		})
+	})
+	if err != nil {
 		return source.Checkpoint{}, fmt.Errorf("record the resync of shard %s on %s: %w", sh.id, prim.cfg.Alias, err)
 	}
 	return source.Checkpoint{Term: uint64(e)}, nil

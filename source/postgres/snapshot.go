@@ -77,6 +77,7 @@ const replayWait = 30 * time.Second
 // snapTable is a published table as the snapshot copies it.
 type snapTable struct {
 	name  string // schema.table
+	root  string // its partition tree's root (schema.table; itself if none)
 	ident string // quoted
 	rel   *relation
 	pk    []int // indexes of the primary key's columns
@@ -85,6 +86,13 @@ type snapTable struct {
 
 // snapshot is a reader's copy in progress.
 type snapshot struct {
+	// kind and id: what the copy is (source.CopyStart, CopyResync or
+	// CopySnapshot) and the resync's or the ad-hoc job's id.
+	kind, id string
+	// key: the shard column its progress rows are kept under, with the
+	// stream's id in the stream column: the shard's id for the stream's
+	// start or resync copy, jobKey's for an ad-hoc job.
+	key     string
 	tables  []snapTable
 	ti      int      // table being copied
 	last    []string // its last copied key (text), nil: from the first row
@@ -107,8 +115,9 @@ type chunk struct {
 	// the cursor before the chunk, to select it again
 	fromTable int
 	fromKey   []string
-	// last: the copy is complete after this chunk.
-	last bool
+	// tableDone: the chunk ends its table; last: the copy is complete
+	// after this chunk.
+	tableDone, last bool
 }
 
 // committed notes a transaction the change log delivered.
@@ -201,24 +210,53 @@ func ensureProgressTable(ctx context.Context, r *replica) error {
 	return nil
 }
 
-// openSnapshot resumes (or begins) a shard's copy: after the last acked
-// chunk. It returns nil when the stream has no snapshot (meta, the
-// stream's record, as Reader.find reads it: a standby that has not
-// replayed the record yet asks the primary, or it would take the stream
-// for one without a copy and skip it for good) or its copy is complete.
-// The progress is the primary's; a standby's replayed copy of it that
-// says the copy is complete is enough (a copy never becomes incomplete
-// again), so a complete stream reads from a standby with the primary down.
+// copySpec is a copy a reader may open: the stream's start or resync
+// copy (every published table), or an ad-hoc job's (its tables).
+type copySpec struct {
+	kind, id, key string   // as in snapshot
+	tables        []string // nil: every published table
+}
+
+// openSnapshot resumes (or begins) the shard's copy: the stream's start or
+// resync copy while it is not complete, else its ad-hoc job's (see
+// adhoc.go). It returns nil when there is neither. meta is the stream's
+// record as Reader.find reads it: a standby that has not replayed the
+// record yet asks the primary, or it would take the stream for one without
+// a copy and skip it for good. A standby's reader takes the job from the
+// primary's record in any case (Reader.recordedJob).
 func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMeta) (*snapshot, error) {
-	if !meta.Snapshot {
-		return nil, nil
+	if meta.Snapshot {
+		c := copySpec{kind: source.CopyStart, key: r.sh.id}
+		if meta.Resync != "" {
+			c.kind, c.id = source.CopyResync, meta.Resync
+		}
+		if snap, err := r.openCopy(ctx, stream, c); snap != nil || err != nil {
+			return snap, err
+		}
 	}
-	if r.rep != r.src.primary(r.sh) && !r.behind {
+	job := meta.Adhoc
+	if r.rep != r.src.primary(r.sh) {
+		job = r.recordedJob(ctx, stream)
+	}
+	return r.openJob(ctx, stream, job)
+}
+
+// openCopy resumes (or begins) copy c after its last acked chunk; nil when
+// it is complete. The progress is the primary's; for the stream's start or
+// resync copy a standby's replayed copy of it that says the copy is
+// complete is enough (a copy never becomes incomplete again), so a
+// complete stream reads from a standby with the primary down. (Not for a
+// job: its record was just read on the primary, and a job's id given again
+// after another job replaced it starts afresh, which the standby may not
+// have replayed.)
+func (r *Reader) openCopy(ctx context.Context, stream string, c copySpec) (*snapshot, error) {
+	if r.rep != r.src.primary(r.sh) && !r.behind && c.kind != source.CopySnapshot {
 		pool, err := r.rep.poolOf()
 		if err != nil {
 			return nil, err
 		}
-		if p, err := readProgress(ctx, pool, stream, r.sh.id); err == nil && p.allDone {
+		if p, err := readProgress(ctx, pool, stream, c.key); err == nil && p.allDone {
+			r.completed(c)
 			return nil, nil
 		}
 	}
@@ -226,17 +264,23 @@ func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMet
 	if err != nil {
 		return nil, err
 	}
-	p, err := readProgress(ctx, prim, stream, r.sh.id)
+	p, err := readProgress(ctx, prim, stream, c.key)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot progress of shard %s: %w", r.sh.id, err)
 	}
 	tbl, last, tableDone := p.tbl, p.last, p.tableDone
 	if p.allDone {
+		r.completed(c)
 		return nil, nil
 	}
-	snap := &snapshot{resync: meta.Resync != ""}
+	snap := &snapshot{kind: c.kind, id: c.id, key: c.key, resync: c.kind == source.CopyResync}
 	if snap.tables, err = r.snapTables(ctx, stream); err != nil {
 		return nil, err
+	}
+	if c.tables != nil {
+		if snap.tables, err = r.only(snap.tables, c); err != nil {
+			return nil, err
+		}
 	}
 	if tbl != "" {
 		for i, t := range snap.tables {
@@ -250,7 +294,7 @@ func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMet
 	}
 	snap.done = snap.ti >= len(snap.tables)
 	var xids []int64
-	err = prim.QueryRow(ctx, `SELECT xids FROM `+deliveredTable+` WHERE stream = $1 AND shard = $2`, stream, r.sh.id).Scan(&xids)
+	err = prim.QueryRow(ctx, `SELECT xids FROM `+deliveredTable+` WHERE stream = $1 AND shard = $2`, stream, c.key).Scan(&xids)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) && !isCode(err, "42P01") { // 42P01: a stream older than the table
 		return nil, fmt.Errorf("snapshot: transactions delivered on shard %s: %w", r.sh.id, err)
 	}
@@ -258,7 +302,28 @@ func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMet
 		snap.committed(uint32(x))
 	}
 	snap.unsaved = false
+	r.opened(ctx, snap)
 	return snap, nil
+}
+
+// only keeps of the published tables those copy c names (a partitioned
+// table by its partitions), in their order. A table c names that the
+// replica's catalog does not publish is an error: a standby that has not
+// replayed the publication's change yet (the reader's start checked that
+// the primary publishes it).
+func (r *Reader) only(tables []snapTable, c copySpec) ([]snapTable, error) {
+	var out []snapTable
+	for _, t := range tables {
+		if slices.Contains(c.tables, t.name) || slices.Contains(c.tables, t.root) {
+			out = append(out, t)
+		}
+	}
+	for _, name := range c.tables {
+		if !slices.ContainsFunc(out, func(t snapTable) bool { return t.name == name || t.root == name }) {
+			return nil, fmt.Errorf("snapshot %s: %s is not published on %s", c.id, name, r.rep.cfg.Alias)
+		}
+	}
+	return out, nil
 }
 
 // progress is a shard's copy as its last acked chunk left it.
@@ -300,7 +365,7 @@ func (r *Reader) saveDelivered(ctx context.Context, stream string) error {
 	}
 	save := func() error {
 		_, err := pool.Exec(ctx, `INSERT INTO `+deliveredTable+` (stream, shard, xids) VALUES ($1, $2, $3)
-			ON CONFLICT (stream, shard) DO UPDATE SET xids = EXCLUDED.xids`, stream, r.sh.id, xids)
+			ON CONFLICT (stream, shard) DO UPDATE SET xids = EXCLUDED.xids`, stream, snap.key, xids)
 		return err
 	}
 	err = save()
@@ -318,14 +383,17 @@ func (r *Reader) saveDelivered(ctx context.Context, stream string) error {
 
 // snapTables lists the stream's published tables with the columns it
 // publishes (pgoutput's: no generated ones), as the replica's catalog has
-// them. A table without a primary key cannot be copied in chunks.
+// them, in the order of their names. A table without a primary key cannot
+// be copied in chunks.
 func (r *Reader) snapTables(ctx context.Context, stream string) ([]snapTable, error) {
 	pool, err := r.rep.poolOf()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := pool.Query(ctx, `SELECT c.oid, n.nspname, c.relname, p.attnames::text[] FROM pg_publication_tables p
+	rows, err := pool.Query(ctx, `SELECT c.oid, n.nspname, c.relname, p.attnames::text[], rn.nspname || '.' || rc.relname
+		FROM pg_publication_tables p
 		JOIN pg_namespace n ON n.nspname = p.schemaname JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
+		JOIN pg_class rc ON rc.oid = COALESCE(pg_partition_root(c.oid), c.oid) JOIN pg_namespace rn ON rn.oid = rc.relnamespace
 		WHERE p.pubname = $1 ORDER BY 2, 3`, r.names.pub)
 	if err != nil {
 		return nil, fmt.Errorf("published tables: %w", err)
@@ -334,11 +402,12 @@ func (r *Reader) snapTables(ctx context.Context, stream string) ([]snapTable, er
 		oid          uint32
 		schema, name string
 		published    []string // the columns pgoutput sends
+		root         string
 	}
 	var tabs []tab
 	for rows.Next() {
 		var t tab
-		if err := rows.Scan(&t.oid, &t.schema, &t.name, &t.published); err != nil {
+		if err := rows.Scan(&t.oid, &t.schema, &t.name, &t.published, &t.root); err != nil {
 			return nil, err
 		}
 		tabs = append(tabs, t)
@@ -348,7 +417,7 @@ func (r *Reader) snapTables(ctx context.Context, stream string) ([]snapTable, er
 	}
 	var out []snapTable
 	for _, t := range tabs {
-		st := snapTable{name: t.schema + "." + t.name, ident: pgx.Identifier{t.schema, t.name}.Sanitize()}
+		st := snapTable{name: t.schema + "." + t.name, root: t.root, ident: pgx.Identifier{t.schema, t.name}.Sanitize()}
 		m := &pglogrepl.RelationMessage{RelationID: t.oid, Namespace: t.schema, RelationName: t.name}
 		// The columns the publication publishes, as pgoutput sends them:
 		// generated ones left out (from 18 a stored one is in when the
@@ -438,12 +507,12 @@ func (r *Reader) nextChunk(ctx context.Context, stream string, size int) error {
 	}
 	tableDone := len(recs) < size
 	allDone := tableDone && snap.ti == len(snap.tables)-1
-	c.last = allDone
+	c.tableDone, c.last = tableDone, allDone
 	if !tableDone {
 		snap.last = last
 	}
 	if _, err := ppool.Exec(ctx, `INSERT INTO `+progressTable+` (stream, shard, low_lsn, tbl, last_key, table_done, all_done)
-		VALUES ($1, $2, $3::pg_lsn, $4, $5, $6, $7)`, stream, r.sh.id, low.String(), t.name, snap.last, tableDone, allDone); err != nil {
+		VALUES ($1, $2, $3::pg_lsn, $4, $5, $6, $7)`, stream, snap.key, low.String(), t.name, snap.last, tableDone, allDone); err != nil {
 		return fmt.Errorf("snapshot progress on %s: %w", prim.cfg.Alias, err)
 	}
 	if tableDone {
@@ -589,8 +658,10 @@ func selectChunk(ctx context.Context, tx pgx.Tx, t snapTable, last []string, siz
 	return out, append([]string(nil), lastKey...), rows.Err()
 }
 
-// handedOut is a chunk handed out: its watermark and last position.
+// handedOut is a chunk handed out: its copy's progress key, its watermark
+// and last position.
 type handedOut struct {
+	key  string
 	lsn  pglogrepl.LSN
 	last source.Checkpoint
 }
@@ -611,13 +682,15 @@ func (r *Reader) delivered(c *chunk) {
 			delete(snap.recent, x) // every later snapshot sees it
 		}
 	}
-	h := handedOut{lsn: c.lsn, last: source.Checkpoint{Term: uint64(c.lsn)}}
+	report := r.reportOf(snap, c)
+	h := handedOut{key: snap.key, lsn: c.lsn, last: source.Checkpoint{Term: uint64(c.lsn)}}
 	if snap.resync {
 		c.records = framed(c, r.sh.id)
 	}
 	if len(c.records) == 0 {
 		r.idle = max(r.idle, c.lsn)
 		r.unacked = append(r.unacked, h)
+		report.apply()
 		return
 	}
 	for i := range c.records {
@@ -625,7 +698,7 @@ func (r *Reader) delivered(c *chunk) {
 	}
 	h.last = c.records[len(c.records)-1].Position
 	r.unacked = append(r.unacked, h)
-	r.ready = append(r.ready, whole{cp: h.last, records: c.records})
+	r.ready = append(r.ready, whole{cp: h.last, records: c.records, report: report})
 }
 
 // framed ends a resync's last chunk with its resync-end marker.
@@ -638,12 +711,14 @@ func framed(c *chunk, tablet string) []source.Record {
 
 // ackChunks marks the chunks the sink now holds (up to cp) as acked on the
 // primary, best effort: an unmarked chunk is copied again after a crash.
+// They may be of two copies (a job's that followed the stream's start
+// copy: see Reader.followWithJob).
 func (r *Reader) ackChunks(ctx context.Context, stream string, cp source.Checkpoint) {
-	var done []string
-	keep := r.unacked[:0]
+	done := map[string][]string{} // by progress key
+	keep := r.unacked[:0:0]
 	for _, h := range r.unacked {
 		if h.last.Compare(cp) <= 0 {
-			done = append(done, h.lsn.String())
+			done[h.key] = append(done[h.key], h.lsn.String())
 		} else {
 			keep = append(keep, h)
 		}
@@ -657,9 +732,11 @@ func (r *Reader) ackChunks(ctx context.Context, stream string, cp source.Checkpo
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := pool.Exec(actx, `UPDATE `+progressTable+` SET acked = true
-		WHERE stream = $1 AND shard = $2 AND low_lsn = ANY($3::text[]::pg_lsn[])`, stream, r.sh.id, done); err != nil {
-		return // kept: marked with the next ack
+	for key, lsns := range done {
+		if _, err := pool.Exec(actx, `UPDATE `+progressTable+` SET acked = true
+			WHERE stream = $1 AND shard = $2 AND low_lsn = ANY($3::text[]::pg_lsn[])`, stream, key, lsns); err != nil {
+			return // kept: marked with the next ack (again: it is idempotent)
+		}
 	}
 	r.unacked = keep
 }
