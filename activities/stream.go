@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.temporal.io/sdk/activity"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -338,4 +339,58 @@ func (a *Activities) Resync(ctx context.Context, in ResyncInput) (source.Checkpo
 		return source.Checkpoint{}, classified(src, err)
 	}
 	return cp, nil
+}
+
+// SnapshotInput records (or, with Cancel, cancels) an ad-hoc snapshot on
+// tablets of a stream (source.Snapshotter).
+type SnapshotInput struct {
+	Stream  string             `json:"stream"`
+	Source  config.Source      `json:"source"`
+	Tablets []string           `json:"tablets"`
+	Job     source.SnapshotJob `json:"job"`
+	Cancel  bool               `json:"cancel,omitempty"`
+}
+
+// SnapshotResult says, per tablet of SnapshotInput, what the source
+// answered: Done lists the tablets that took the job (or its cancel),
+// Failed the others with the source's error.
+type SnapshotResult struct {
+	Done   []string          `json:"done,omitempty"`
+	Failed map[string]string `json:"failed,omitempty"`
+}
+
+// Snapshot records an ad-hoc snapshot's job (or its cancel) at the source
+// for each tablet, in order. A tablet the source refuses for good (its
+// error not RetrySame) is in Failed; any other error fails the activity,
+// to be tried again (the source answers a job's id idempotently).
+func (a *Activities) Snapshot(ctx context.Context, in SnapshotInput) (SnapshotResult, error) {
+	src, err := a.Resources.Source(in.Source)
+	if err != nil {
+		return SnapshotResult{}, fatalf("%v", err)
+	}
+	sn, ok := src.(source.Snapshotter)
+	if !ok {
+		return SnapshotResult{}, fatalf("source kind %q cannot snapshot tables of a running stream", in.Source.Kind)
+	}
+	var res SnapshotResult
+	for _, t := range in.Tablets {
+		if in.Cancel {
+			err = sn.CancelSnapshot(ctx, in.Stream, t, in.Job.ID)
+		} else {
+			err = sn.Snapshot(ctx, in.Stream, t, in.Job)
+		}
+		switch {
+		case err == nil:
+			res.Done = append(res.Done, t)
+		case src.Classify(err).Action == source.RetrySame:
+			return SnapshotResult{}, err
+		default:
+			if res.Failed == nil {
+				res.Failed = map[string]string{}
+			}
+			res.Failed[t] = err.Error()
+		}
+		activity.RecordHeartbeat(ctx, len(res.Done)+len(res.Failed))
+	}
+	return res, nil
 }

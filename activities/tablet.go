@@ -135,6 +135,10 @@ type GetChangesResult struct {
 	// to read elsewhere (POSITION_MISMATCH), with the reason: the
 	// tablet's automatic exclusions, which the workflow dates.
 	Left config.ExcludeList `json:"left,omitempty"`
+	// Copy: the copy of rows the run's reader had open or finished (a
+	// stream's start, a resync, an ad-hoc snapshot), on sources whose
+	// readers report it (source.CopyReporter).
+	Copy *source.CopyProgress `json:"copy,omitempty"`
 }
 
 // slotEvery: how often GetChanges reads its replica's slot statistics.
@@ -220,6 +224,9 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		r.recovered = false // the first commit signals Streaming
 	}
 	err := r.loop()
+	if err == nil {
+		r.res.Copy = r.cur.copied()
+	}
 	return r.res, r.counted(err)
 }
 
@@ -243,6 +250,16 @@ func (r *reading) close() {
 	if c, ok := r.rd.(io.Closer); ok {
 		_ = c.Close()
 	}
+}
+
+// copied closes the reading (the poller's last ack sent) and returns its
+// reader's copy, if the source reports one.
+func (r *reading) copied() *source.CopyProgress {
+	r.close()
+	if c, ok := r.rd.(source.CopyReporter); ok {
+		return c.Copy()
+	}
+	return nil
 }
 
 // FallbackRun is how long a run reads a fallback replica (a better-ranked

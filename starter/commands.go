@@ -44,6 +44,16 @@ func operator(name string, args []string, stdout, stderr io.Writer) error {
 		tablets := fs.String("tablets", "", "comma-separated tablets (required)")
 		reason := fs.String("reason", "", "why, shown in the status")
 		payload = func() (any, error) { return workflows.ResyncRequest{Tablets: split(*tablets), Reason: *reason}, nil }
+	case workflows.CmdSnapshot:
+		tables := fs.String("tables", "", "comma-separated tables to copy, from the stream's source.tables (required)")
+		tablets := fs.String("tablets", "", "comma-separated tablets (default: all)")
+		reason := fs.String("reason", "", "why, shown in the status")
+		payload = func() (any, error) {
+			return workflows.SnapshotRequest{Tables: split(*tables), Tablets: split(*tablets), Reason: *reason}, nil
+		}
+	case workflows.CmdSnapshotCancel:
+		reason := fs.String("reason", "", "why, shown in the status")
+		payload = func() (any, error) { return workflows.SnapshotCancelRequest{Reason: *reason}, nil }
 	case workflows.CmdStop:
 		drop := fs.Bool("drop-source-stream", false, "also delete the source-side stream, so it holds no history")
 		payload = func() (any, error) { return workflows.StopRequest{DropSourceStream: *drop}, nil }

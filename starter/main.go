@@ -12,9 +12,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -35,6 +37,8 @@ const usage = `usage:
   starter include ID --aliases A,B
   starter pause|resume|retry ID [--tablets T1,T2]   (default: all tablets)
   starter resync ID --tablets T1,T2 [--reason R]   fresh start + copy of tablets (running ones stop first)
+  starter snapshot ID --tables S.T1,S.T2 [--tablets T1,T2] [--reason R]   copy tables again while streaming
+  starter snapshot-cancel ID [--reason R]
   starter stop ID [--drop-source-stream]
   starter configure ID -f TUNABLES.json    selection, retry, autoExcludeTTL, batch, run
 Operator commands run as updates (a bad request is an error here); --signal
@@ -59,7 +63,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "status":
 		err = status(args[1:], stdout, stderr)
 	case workflows.CmdExclude, workflows.CmdInclude, workflows.CmdPause, workflows.CmdResume,
-		workflows.CmdRetry, workflows.CmdStop, workflows.CmdConfigure, workflows.CmdResync:
+		workflows.CmdRetry, workflows.CmdStop, workflows.CmdConfigure, workflows.CmdResync,
+		workflows.CmdSnapshot, workflows.CmdSnapshotCancel:
 		err = operator(args[0], args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
@@ -230,6 +235,19 @@ func printStatus(w io.Writer, st workflows.StreamStatus, prev map[string]int64, 
 			t.Records, rate, t.LagSeconds, t.Attempt, len(t.Excluded), truncate(why, 80))
 	}
 	_ = tw.Flush()
+	if sn := st.Snapshot; sn != nil {
+		fmt.Fprintf(w, "snapshot %s of %s on %d tablets: %s, %d done, %d failed (asked %s)\n", sn.ID, strings.Join(sn.Tables, ","),
+			len(sn.Tablets), sn.State, len(sn.Done), len(sn.Failed), sn.Asked.Format(time.RFC3339))
+		for _, id := range slices.Sorted(maps.Keys(sn.Failed)) {
+			fmt.Fprintf(w, "snapshot %s failed on %s: %s\n", sn.ID, id, sn.Failed[id])
+		}
+	}
+	for _, t := range st.Tablets {
+		if c := t.Copy; c != nil && !c.Done {
+			fmt.Fprintf(w, "copy %s: %s %s, %d of %d tables done, at %s, %d rows copied (the tables hold ~%d)\n",
+				t.ID, c.Kind, dash(c.ID), c.TablesDone, c.Tables, dash(c.Table), c.Rows, c.Estimate)
+		}
+	}
 	for _, e := range st.Exclude {
 		fmt.Fprintf(w, "excluded %s %s: %s (until %s)\n", e.Alias, e.Tablet, e.Reason, until(e.Expires))
 	}

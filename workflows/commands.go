@@ -26,7 +26,7 @@ const (
 )
 
 // SignalCommands are the operator signals a stream listens to.
-var SignalCommands = []string{CmdExclude, CmdInclude, CmdPause, CmdResume, CmdRetry, CmdStop, CmdResync}
+var SignalCommands = []string{CmdExclude, CmdInclude, CmdPause, CmdResume, CmdRetry, CmdStop, CmdResync, CmdSnapshot, CmdSnapshotCancel}
 
 // ExcludeRequest excludes replicas by alias: on one tablet, or on every
 // tablet when Tablet is empty; for TTL, or until included again.

@@ -86,6 +86,9 @@ type decision struct {
 	failed bool
 	// done: the tablet workflow ends (state is terminal).
 	done bool
+	// report: the tablet reports at once, whatever its pace (the run
+	// finished a copy of rows).
+	report bool
 }
 
 // decide returns what a run's outcome means for a tablet that ran on sel.

@@ -18,14 +18,16 @@ import (
 type operatorCommand func(s *stream, ctx workflow.Context, raw json.RawMessage, apply bool) error
 
 var operatorCommands = map[string]operatorCommand{
-	CmdExclude:   (*stream).exclude,
-	CmdInclude:   (*stream).include,
-	CmdPause:     pauseResume(CmdPause),
-	CmdResume:    pauseResume(CmdResume),
-	CmdRetry:     (*stream).retry,
-	CmdStop:      (*stream).stopStream,
-	CmdConfigure: (*stream).configure,
-	CmdResync:    (*stream).resync,
+	CmdExclude:        (*stream).exclude,
+	CmdInclude:        (*stream).include,
+	CmdPause:          pauseResume(CmdPause),
+	CmdResume:         pauseResume(CmdResume),
+	CmdRetry:          (*stream).retry,
+	CmdStop:           (*stream).stopStream,
+	CmdConfigure:      (*stream).configure,
+	CmdResync:         (*stream).resync,
+	CmdSnapshot:       (*stream).snapshot,
+	CmdSnapshotCancel: (*stream).snapshotCancel,
 }
 
 // registerOperatorCommands sets an update handler (with its validator) for

@@ -56,14 +56,14 @@ func TestRecordScriptedHistories(t *testing.T) {
 	t.Cleanup(c.Close)
 
 	const queue = "record"
-	f := &scripted{c: c, runs: map[string]int{}}
+	f := &scripted{c: c, runs: map[string]int{}, jobs: map[string]source.SnapshotJob{}}
 	w := worker.New(c, queue, worker.Options{})
 	w.RegisterWorkflow(workflows.StreamWorkflow)
 	w.RegisterWorkflow(workflows.TabletWorkflow)
 	for name, fn := range map[string]any{
 		"EnsureStream": f.EnsureStream, "ReadTopology": f.ReadTopology, "ReadTopologyAndPick": f.ReadTopologyAndPick,
 		"CheckTablets": f.CheckTablets, "SelectReplica": f.SelectReplica, "GetChanges": f.GetChanges, "DeleteStream": f.DeleteStream,
-		"Resync": f.Resync,
+		"Resync": f.Resync, "Snapshot": f.Snapshot,
 	} {
 		w.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
 	}
@@ -209,6 +209,30 @@ func TestRecordScriptedHistories(t *testing.T) {
 		r.record(stream, "stream-resync-running-stopped")
 	})
 
+	// changeSnapshot: the operator asks for a snapshot of a table; the
+	// stream records it at the source (the Snapshot activity) and tells
+	// the tablet to reopen its reader; the run ends, the next one copies
+	// the table, and the tablet's report of its copy done makes the
+	// snapshot Done; then the stream stops. The stream's source is a
+	// postgres one (a kind that can snapshot; the scripted activities
+	// ignore it). A tablet reports its finished copy at once
+	// (changeCopyReports).
+	t.Run("snapshot", func(t *testing.T) {
+		const stream = "snapme"
+		tab := workflows.TabletWorkflowID(stream, "t-0001")
+		r.startConfig(stream, snapshotRecordConfig)
+		r.waitStream(stream, "t-0001 streaming", func(st workflows.StreamStatus) bool {
+			return len(st.Tablets) == 1 && st.Tablets[0].State == workflows.Streaming
+		})
+		r.signal(stream, workflows.CmdSnapshot, `{"tables": ["public.orders"], "reason": "recorded"}`)
+		r.waitStreamWithin(3*time.Minute, stream, "the snapshot Done", func(st workflows.StreamStatus) bool {
+			return st.Snapshot != nil && st.Snapshot.State == workflows.SnapshotDone
+		})
+		r.stop(stream)
+		r.record(stream, "stream-snapshot-stopped")
+		r.record(tab, "tablet-snapshot-reopen-stopped")
+	})
+
 	// changeRetryAfterClose: the operator retries a tablet that reported
 	// Failed while its workflow has not closed yet; the stream starts its
 	// new workflow once the old one closed; then the stream stops.
@@ -269,10 +293,26 @@ const recordConfig = `{
   "retry": {"initialInterval": "200ms", "maximumInterval": "1s", "maximumAttempts": 3}
 }`
 
+// snapshotRecordConfig is recordConfig with a source that can snapshot
+// tables of a running stream.
+const snapshotRecordConfig = `{
+  "source": {"kind": "postgres", "tables": ["public.orders", "public.items"],
+    "shards": [{"id": "s1", "replicas": [{"alias": "zone1-0000000101", "cell": "zone1", "type": "PRIMARY", "dsnEnv": "S1_DSN"}]}]},
+  "sink": {"kind": "jsonl", "path": "/tmp/out"},
+  "run": {"duration": "2s", "heartbeatTimeout": "2s"},
+  "batch": {"maxWait": "1s"},
+  "retry": {"initialInterval": "200ms", "maximumInterval": "1s", "maximumAttempts": 3}
+}`
+
 func (r *recorder) start(stream string) {
 	r.t.Helper()
+	r.startConfig(stream, recordConfig)
+}
+
+func (r *recorder) startConfig(stream, cfg string) {
+	r.t.Helper()
 	_, err := r.c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: stream, TaskQueue: r.queue},
-		workflows.StreamWorkflow, json.RawMessage(recordConfig), (*workflows.StreamState)(nil))
+		workflows.StreamWorkflow, json.RawMessage(cfg), (*workflows.StreamState)(nil))
 	require.NoError(r.t, err)
 }
 
@@ -303,7 +343,13 @@ func (r *recorder) signal(stream, name, payload string) {
 // minute.
 func (r *recorder) waitStream(id, what string, cond func(workflows.StreamStatus) bool) {
 	r.t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	r.waitStreamWithin(time.Minute, id, what, cond)
+}
+
+// waitStreamWithin is waitStream for up to d.
+func (r *recorder) waitStreamWithin(d time.Duration, id, what string, cond func(workflows.StreamStatus) bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(d)
 	var last workflows.StreamStatus
 	for {
 		v, err := r.c.QueryWorkflow(context.Background(), id, "", workflows.QueryStatus)
@@ -311,7 +357,7 @@ func (r *recorder) waitStream(id, what string, cond func(workflows.StreamStatus)
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("%s: %s not within a minute; last saw %+v (%v)", id, what, last, err)
+			r.t.Fatalf("%s: %s not within %v; last saw %+v (%v)", id, what, d, last, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -350,6 +396,9 @@ type scripted struct {
 	c    client.Client
 	mu   sync.Mutex
 	runs map[string]int // GetChanges runs by tablet workflow ID
+	// jobs are the snapshots recorded, by stream/tablet: a run that
+	// starts after one copies its tables.
+	jobs map[string]source.SnapshotJob
 }
 
 const recordAlias = "zone1-0000000101"
@@ -407,6 +456,20 @@ func (f *scripted) Resync(context.Context, activities.ResyncInput) (source.Check
 	return source.Checkpoint{Term: 2}, nil
 }
 
+// Snapshot takes every job (and cancel).
+func (f *scripted) Snapshot(_ context.Context, in activities.SnapshotInput) (activities.SnapshotResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range in.Tablets {
+		if in.Cancel {
+			delete(f.jobs, in.Stream+"/"+t)
+		} else {
+			f.jobs[in.Stream+"/"+t] = in.Job
+		}
+	}
+	return activities.SnapshotResult{Done: in.Tablets}, nil
+}
+
 func (f *scripted) DeleteStream(context.Context, activities.DeleteStreamInput) error { return nil }
 
 func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
@@ -414,6 +477,7 @@ func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput
 	f.mu.Lock()
 	f.runs[info.WorkflowExecution.ID]++
 	n := f.runs[info.WorkflowExecution.ID]
+	job, copying := f.jobs[in.Stream+"/"+in.Tablet]
 	f.mu.Unlock()
 	if in.Stream == "charged" && n == 1 {
 		return activities.GetChangesResult{Checkpoint: in.Checkpoint}, temporal.NewNonRetryableApplicationError(
@@ -431,6 +495,10 @@ func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput
 			activities.ErrorDetails{Reason: "POSITION_MISMATCH", Replica: in.Replica.Alias, Checkpoint: in.Checkpoint})
 	}
 	res := activities.GetChangesResult{Checkpoint: source.Checkpoint{Term: 1, Index: in.Checkpoint.Index + 10}, Records: 10, Batches: 1, CaughtUp: true}
+	if copying {
+		// The reader opened after the job was recorded copies its tables.
+		res.Copy = &source.CopyProgress{Kind: source.CopySnapshot, ID: job.ID, Tables: len(job.Tables), TablesDone: len(job.Tables), Rows: 3, Done: true}
+	}
 	if in.Recovering {
 		// The first commit of a run after a failed one, as GetChanges
 		// signals it.

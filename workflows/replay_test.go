@@ -119,6 +119,14 @@ var recorded = map[string]recording{
 	// looks reworded their reason, one search-attribute upsert for them,
 	// then streaming and a stop (from TestRecordScriptedHistories).
 	"tablet-quiet-rewording-stopped.json": {"reworded/tablet/t-0001", "2085247314f4f2ce313eb1edd2f419376c2e93c2c4757a937b7fcd380d3c3364"},
+	// changeSnapshot: a snapshot of a table recorded at the source (the
+	// Snapshot activity), the tablet told to reopen, its run ended and
+	// the next one copying, its report of the copy done at once
+	// (changeCopyReports) making the snapshot Done, then a stop; and
+	// that tablet (from
+	// TestRecordScriptedHistories).
+	"stream-snapshot-stopped.json":        {"snapme", "277a6454a91c0fbfabf3c551408a61b1c5a496edf7f7f9e3958c3ce0cfa7793f"},
+	"tablet-snapshot-reopen-stopped.json": {"snapme/tablet/t-0001", "9aef074d2c20b7f82cae9fd3e89f64960148012758e83a74125892d1fbf900ac"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

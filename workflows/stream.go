@@ -98,6 +98,10 @@ type stream struct {
 	checkingRetried bool
 	// resynced takes what the Resync activities came back with.
 	resynced workflow.Channel
+	// snapshots takes what the Snapshot activities came back with;
+	// snapshotBusy, that one runs.
+	snapshots    workflow.Channel
+	snapshotBusy bool
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.
@@ -233,6 +237,8 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 	s.checkRetried() // tablets retried in an earlier run that still wait
 	s.resynced = workflow.NewChannel(ctx)
 	s.resumeResyncs(ctx)
+	s.snapshots = workflow.NewChannel(ctx)
+	s.driveSnapshot()
 	for {
 		if err := ctx.Err(); err != nil {
 			return temporal.NewCanceledError("stream cancelled")
@@ -274,6 +280,11 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 			var r resyncResult
 			c.Receive(ctx, &r)
 			s.onResynced(ctx, r)
+		})
+		sel.AddReceive(s.snapshots, func(c workflow.ReceiveChannel, _ bool) {
+			var r snapshotted
+			c.Receive(ctx, &r)
+			s.onSnapshotted(ctx, r)
 		})
 		sel.AddReceive(s.starts, func(c workflow.ReceiveChannel, _ bool) {
 			var r startResult
@@ -468,6 +479,7 @@ func (s *stream) onReport(ctx workflow.Context, r TabletStatus) {
 		s.owe(r.ID)
 	}
 	s.afterReport(ctx, r.ID)
+	s.snapshotReported(ctx, r)
 }
 
 // stale reports whether report r is older than what the stream holds:
@@ -659,7 +671,7 @@ func (s *stream) exclusions(now time.Time) config.ExcludeList { return s.st.Excl
 // status is the `status` query; a paused tablet's retention counts down.
 func (s *stream) status(now time.Time) StreamStatus {
 	out := StreamStatus{Stream: s.id, Tablets: []TabletStatus{}, Exclude: s.st.Exclude, Rejected: s.st.Rejected, Topology: s.st.Topology,
-		Checks: s.st.Checks}
+		Checks: s.st.Checks, Snapshot: s.st.Snapshot}
 	if out.Exclude == nil {
 		out.Exclude = config.ExcludeList{}
 	}

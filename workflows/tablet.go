@@ -126,6 +126,9 @@ type tablet struct {
 	// rewording: a reworded reason leaves the search attributes alone
 	// (changeQuietRewording); nil until asked (quietRewording).
 	rewording *bool
+	// copies: a run that finished a copy reports at once
+	// (changeCopyReports); nil until asked (reportsCopies).
+	copies *bool
 	// progress: the activity's own signals; commands: the stream's.
 	progress workflow.ReceiveChannel
 	commands workflow.ReceiveChannel
@@ -216,6 +219,8 @@ func (t *tablet) stopped(ctx workflow.Context) error {
 // GetChanges must stop (at its next batch boundary, after its commit).
 func (t *tablet) handle(ctx workflow.Context, cmd TabletCommand) (interrupt bool) {
 	switch cmd.Kind {
+	case CmdReopen:
+		return true
 	case CmdPause:
 		t.st.Pause = true
 	case CmdResume:

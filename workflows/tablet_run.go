@@ -192,6 +192,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		t.log.Warn("tablet run failed", "error", runErr)
 	}
 	o := runOutcome(res, runErr, cancelled, t.signalHandling)
+	var copied bool
 	charged := o.replica != "" && o.replica != sel.Replica.Alias && t.chargesNamedReplica(ctx)
 	if charged {
 		// The error names another replica than the tablet believes the
@@ -207,6 +208,9 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		if res.Slot != nil {
 			t.st.Status.Slot = res.Slot
 		}
+		prev := t.st.Status.Copy
+		t.st.Status.Copy = mergeCopy(prev, res.Copy)
+		copied = copyFinished(prev, t.st.Status.Copy)
 	} else {
 		// What a failed run committed before: its error says (a failed
 		// activity's result never reaches the workflow).
@@ -214,6 +218,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		t.st.Status.Batches += o.batches
 	}
 	d := decide(o, sel)
+	d.report = copied && t.reportsCopies(ctx)
 	if charged {
 		d.keepReplica = false
 	}
@@ -238,7 +243,7 @@ func (t *tablet) apply(ctx workflow.Context, sel activities.Selection, o outcome
 		if o.committed {
 			t.st.Failing = 0
 		}
-		return false, t.report(ctx, false)
+		return false, t.report(ctx, d.report)
 	}
 	t.st.Status.LastError = o.message
 	if o.split != nil {
@@ -308,6 +313,18 @@ func (t *tablet) chargesNamedReplica(ctx workflow.Context) bool {
 		t.charged = &v
 	}
 	return *t.charged
+}
+
+// reportsCopies reports whether a run that finished a copy of rows
+// reports at once (changeCopyReports), so that a snapshot is seen Done
+// without waiting for the tablet's next periodic report. Asked for at
+// the first copy a tablet finishes.
+func (t *tablet) reportsCopies(ctx workflow.Context) bool {
+	if t.copies == nil {
+		v := workflow.GetVersion(ctx, changeCopyReports, workflow.DefaultVersion, 1) >= 1
+		t.copies = &v
+	}
+	return *t.copies
 }
 
 // retryingState reports whether the tablet shows a failed run as

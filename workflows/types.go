@@ -98,6 +98,9 @@ type TabletStatus struct {
 	// Resyncs counts the tablet's resyncs (ResyncRequest); its Start is
 	// the last one's.
 	Resyncs int `json:"resyncs,omitempty"`
+	// Copy is the tablet's copy of rows (a stream's start, a resync, an
+	// ad-hoc snapshot) as its last run that reported one saw it.
+	Copy *source.CopyProgress `json:"copy,omitempty"`
 }
 
 // StreamStatus is the `status` query's result.
@@ -111,6 +114,8 @@ type StreamStatus struct {
 	// Checks is set while the stream cannot check its tablet workflows
 	// (CheckTablets): a tablet that closes meanwhile is not restarted.
 	Checks *TopologyTrouble `json:"checks,omitempty"`
+	// Snapshot is the stream's last ad-hoc snapshot, if any.
+	Snapshot *Snapshot `json:"snapshot,omitempty"`
 }
 
 // TopologyTrouble says why and since when the stream cannot list its
@@ -162,6 +167,9 @@ type StreamState struct {
 	// ResyncSeq numbers the resyncs the stream asked for: each request
 	// gets an id of its own at the source.
 	ResyncSeq int `json:"resyncSeq,omitempty"`
+	// Snapshot is the last ad-hoc snapshot; SnapshotSeq numbers them.
+	Snapshot    *Snapshot `json:"snapshot,omitempty"`
+	SnapshotSeq int       `json:"snapshotSeq,omitempty"`
 }
 
 // TabletInput starts a TabletWorkflow. It carries what the tablet needs,

@@ -194,4 +194,15 @@ const (
 	// activity and starts the tablet's new workflow from its fresh
 	// start. Asked for at the first resync a stream applies.
 	changeResync = "resync"
+
+	// changeSnapshot: the snapshot and snapshot-cancel commands
+	// (stream_snapshot.go) run the Snapshot activity and tell tablets to
+	// reopen. Asked for at the first such command a stream applies.
+	changeSnapshot = "snapshot"
+
+	// changeCopyReports: a tablet run that finished a copy of rows (an
+	// ad-hoc snapshot's) reports at once rather than at the tablet's
+	// next periodic report. Asked for at the first copy a tablet
+	// finishes.
+	changeCopyReports = "copy-reports"
 )

@@ -38,6 +38,7 @@ var internalCommands = map[string]string{
 	workflows.SignalTabletReport:  "a tablet's report to its stream",
 	workflows.SignalTabletCommand: "the stream's command to one tablet",
 	workflows.CmdRecheck:          "a stream-to-tablet command only (an exclusion ended)",
+	workflows.CmdReopen:           "a stream-to-tablet command only (a snapshot was recorded)",
 	activities.SignalProgress:     "a GetChanges activity's progress to its tablet",
 }
 

@@ -1,0 +1,306 @@
+package workflows
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// An ad-hoc snapshot copies named tables of a running stream again, on
+// every tablet (or the ones named), while the tablets stream
+// (source.Snapshotter): the operator's snapshot command. The stream
+// records the job at the source (the Snapshot activity, beside its loop;
+// tablets whose job is not recorded yet are carried across
+// continue-as-new in Snapshot.Todo, and the source answers the job's id
+// idempotently), then tells each running tablet to reopen its reader (a
+// run ends at its next batch boundary, after its commit, and the next one
+// starts at once): the reader copies the tables in chunks by primary key,
+// woven into the tablet's changes by watermarks, as Read records. A
+// tablet not running (paused, retrying) copies when it next reads. Each
+// tablet's report carries its copy's progress (TabletStatus.Copy); the
+// snapshot is Done once every tablet's copy is. snapshot-cancel ends it:
+// the source is told, and the tablets reopen without it.
+//
+// One snapshot runs at a time; a new one may be asked once the last one
+// is Done or Cancelled.
+
+// Operator commands of ad-hoc snapshots.
+const (
+	CmdSnapshot       = "snapshot"
+	CmdSnapshotCancel = "snapshot-cancel"
+	// CmdReopen is a stream-to-tablet command only: end the run at its
+	// next batch boundary, so that the next one opens the source again
+	// (and takes the snapshot just recorded).
+	CmdReopen = "reopen"
+)
+
+// SnapshotRequest is the snapshot command's payload.
+type SnapshotRequest struct {
+	// Tables to copy, each one the stream reads (source.tables).
+	Tables []string `json:"tables"`
+	// Tablets to copy them on (default: every tablet whose workflow runs).
+	Tablets []string `json:"tablets,omitempty"`
+	Reason  string   `json:"reason,omitempty"`
+}
+
+// SnapshotCancelRequest is the snapshot-cancel command's payload.
+type SnapshotCancelRequest struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// Snapshot states.
+const (
+	SnapshotRunning   = "Running"
+	SnapshotDone      = "Done"
+	SnapshotCancelled = "Cancelled"
+)
+
+// Snapshot is the stream's last ad-hoc snapshot.
+type Snapshot struct {
+	ID      string    `json:"id"`
+	Tables  []string  `json:"tables"`
+	Tablets []string  `json:"tablets"`
+	Reason  string    `json:"reason,omitempty"`
+	State   string    `json:"state"`
+	Asked   time.Time `json:"asked"`
+	Ended   time.Time `json:"ended,omitzero"`
+	// Todo are the tablets the source has not been told yet: of the job
+	// while Running, of its cancel once Cancelled.
+	Todo []string `json:"todo,omitempty"`
+	// Done are the tablets whose copy is complete; Failed, the tablets
+	// the source refused the job for, with its reason.
+	Done   []string          `json:"done,omitempty"`
+	Failed map[string]string `json:"failed,omitempty"`
+}
+
+// snapshotted is what a Snapshot activity came back with.
+type snapshotted struct {
+	ID     string                    `json:"id"`
+	Cancel bool                      `json:"cancel"`
+	Res    activities.SnapshotResult `json:"res"`
+	Err    string                    `json:"err,omitempty"`
+}
+
+func (s *stream) snapshot(ctx workflow.Context, raw json.RawMessage, apply bool) error {
+	var req SnapshotRequest
+	if err := decodeCommand(raw, &req); err != nil {
+		return err
+	}
+	if err := s.snapshotAllowed(); err != nil {
+		return err
+	}
+	if len(req.Tables) == 0 {
+		return fmt.Errorf("tables: name the tables to copy (from source.tables %v)", s.cfg.Source.Tables)
+	}
+	for i, t := range req.Tables {
+		if !slices.Contains(s.cfg.Source.Tables, t) {
+			return fmt.Errorf("tables[%d]: %q is not a table the stream reads (source.tables %v)", i, t, s.cfg.Source.Tables)
+		}
+		if slices.Index(req.Tables, t) != i {
+			return fmt.Errorf("tables[%d]: %q is named twice", i, t)
+		}
+	}
+	if len(req.Reason) > maxReasonBytes {
+		return fmt.Errorf("reason: %d bytes, at most %d", len(req.Reason), maxReasonBytes)
+	}
+	if err := validateTablets(req.Tablets, s.st.Tablets); err != nil {
+		return err
+	}
+	for i, id := range req.Tablets {
+		switch st := s.st.Tablets[id].State; {
+		case st == Split:
+			return fmt.Errorf("tablets[%d]: %s has split; its children hold its rows", i, id)
+		case terminal(st):
+			return fmt.Errorf("tablets[%d]: %s is %s; a snapshot copies on a tablet that runs (a resync copies every table)", i, id, st)
+		}
+	}
+	if sn := s.st.Snapshot; sn != nil && sn.State == SnapshotRunning {
+		return fmt.Errorf("snapshot %s of %v is running; wait for it or cancel it (snapshot-cancel)", sn.ID, sn.Tables)
+	}
+	if !apply {
+		return nil
+	}
+	workflow.GetVersion(ctx, changeSnapshot, workflow.DefaultVersion, 1)
+	tablets := s.named(ctx, req.Tablets)
+	if len(req.Tablets) == 0 {
+		tablets = slices.DeleteFunc(s.tabletIDs(), func(id string) bool { return terminal(s.st.Tablets[id].State) })
+	}
+	s.st.SnapshotSeq++
+	s.st.Snapshot = &Snapshot{
+		ID: fmt.Sprintf("snapshot-%d", s.st.SnapshotSeq), Tables: slices.Clone(req.Tables), Tablets: tablets,
+		Reason: req.Reason, State: SnapshotRunning, Asked: workflow.Now(ctx), Todo: slices.Clone(tablets),
+	}
+	s.driveSnapshot()
+	return nil
+}
+
+func (s *stream) snapshotCancel(ctx workflow.Context, raw json.RawMessage, apply bool) error {
+	var req SnapshotCancelRequest
+	if err := decodeCommand(raw, &req); err != nil {
+		return err
+	}
+	if err := s.snapshotAllowed(); err != nil {
+		return err
+	}
+	sn := s.st.Snapshot
+	if sn == nil || sn.State != SnapshotRunning {
+		return fmt.Errorf("no snapshot is running")
+	}
+	if !apply {
+		return nil
+	}
+	workflow.GetVersion(ctx, changeSnapshot, workflow.DefaultVersion, 1)
+	sn.State, sn.Ended = SnapshotCancelled, workflow.Now(ctx)
+	if req.Reason != "" {
+		sn.Reason = truncate(req.Reason, maxReasonBytes)
+	}
+	// Every tablet whose copy may still run is told, also one whose job
+	// a Snapshot activity under way is recording now.
+	sn.Todo = slices.DeleteFunc(slices.Clone(sn.Tablets), func(id string) bool {
+		return slices.Contains(sn.Done, id) || sn.Failed[id] != ""
+	})
+	s.driveSnapshot()
+	return nil
+}
+
+// snapshotAllowed refuses a snapshot command the stream cannot carry out.
+func (s *stream) snapshotAllowed() error {
+	switch {
+	case !config.SourceKinds()[s.cfg.Source.Kind].AdhocSnapshot:
+		return fmt.Errorf("source kind %q cannot snapshot tables of a running stream", s.cfg.Source.Kind)
+	case s.st.Stop != nil:
+		return fmt.Errorf("the stream is stopping")
+	case !s.durable():
+		return fmt.Errorf("this stream's run predates snapshots: it takes one after its next continue-as-new")
+	}
+	return nil
+}
+
+// driveSnapshot runs the Snapshot activity for the tablets the source
+// has not been told of yet, one activity at a time, beside the loop.
+func (s *stream) driveSnapshot() {
+	sn := s.st.Snapshot
+	if s.snapshots == nil || s.snapshotBusy || sn == nil || len(sn.Todo) == 0 {
+		return // the loop's start drives it (or nothing to tell)
+	}
+	s.snapshotBusy = true
+	in := activities.SnapshotInput{Stream: s.id, Source: s.cfg.Source, Tablets: slices.Clone(sn.Todo),
+		Job: source.SnapshotJob{ID: sn.ID, Tables: sn.Tables}, Cancel: sn.State == SnapshotCancelled}
+	what := "record snapshot " + sn.ID + " at the source"
+	if in.Cancel {
+		what = "cancel snapshot " + sn.ID + " at the source"
+	}
+	workflow.Go(s.loopCtx, func(ctx workflow.Context) {
+		var a *activities.Activities
+		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+			StartToCloseTimeout: 10 * time.Minute, HeartbeatTimeout: time.Minute, Summary: what,
+			RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, MaximumAttempts: 20, NonRetryableErrorTypes: activities.NonRetryable},
+		})
+		r := snapshotted{ID: in.Job.ID, Cancel: in.Cancel}
+		if err := workflow.ExecuteActivity(actx, a.Snapshot, in).Get(ctx, &r.Res); err != nil {
+			r.Err = rootMessage(err)
+		}
+		s.snapshots.Send(ctx, r)
+	})
+}
+
+// onSnapshotted takes a Snapshot activity's answer: the tablets that took
+// the job reopen their readers; the ones refused are Failed.
+func (s *stream) onSnapshotted(ctx workflow.Context, r snapshotted) {
+	s.snapshotBusy = false
+	sn := s.st.Snapshot
+	if sn == nil || sn.ID != r.ID || r.Cancel != (sn.State == SnapshotCancelled) {
+		s.driveSnapshot() // a newer job, or the cancel came meanwhile
+		return
+	}
+	told := r.Res.Done
+	failed := r.Res.Failed
+	if r.Err != "" {
+		failed = map[string]string{}
+		for _, id := range sn.Todo {
+			failed[id] = r.Err
+		}
+	}
+	sn.Todo = slices.DeleteFunc(sn.Todo, func(id string) bool { return slices.Contains(told, id) || failed[id] != "" })
+	if sn.State == SnapshotRunning {
+		for id, why := range failed {
+			if sn.Failed == nil {
+				sn.Failed = map[string]string{}
+			}
+			sn.Failed[id] = clip(why)
+		}
+		s.snapshotEnded(ctx)
+	} else if r.Err != "" {
+		s.log.Warn("snapshot cancel failed at the source", "snapshot", sn.ID, "error", r.Err)
+	}
+	live := s.live()
+	s.tell(ctx, slices.DeleteFunc(slices.Clone(told), func(id string) bool { return !slices.Contains(live, id) }), TabletCommand{Kind: CmdReopen})
+	s.driveSnapshot()
+}
+
+// snapshotReported notes a tablet's report: its copy of the running
+// snapshot may be done, or the tablet may have ended without it (a split,
+// an expiry, a failure, a stop: it is Failed in the snapshot, saying so).
+func (s *stream) snapshotReported(ctx workflow.Context, r TabletStatus) {
+	sn := s.st.Snapshot
+	if sn == nil || sn.State != SnapshotRunning || !slices.Contains(sn.Tablets, r.ID) || slices.Contains(sn.Done, r.ID) || sn.Failed[r.ID] != "" {
+		return
+	}
+	switch {
+	case r.Copy != nil && r.Copy.Kind == source.CopySnapshot && r.Copy.ID == sn.ID && r.Copy.Done:
+		sn.Done = append(sn.Done, r.ID)
+		slices.Sort(sn.Done)
+	case terminal(r.State):
+		if sn.Failed == nil {
+			sn.Failed = map[string]string{}
+		}
+		sn.Failed[r.ID] = clip(fmt.Sprintf("the tablet ended %s before its copy was complete: %s", r.State, r.Reason))
+	default:
+		return
+	}
+	s.snapshotEnded(ctx)
+}
+
+// snapshotEnded makes the snapshot Done once every tablet's copy is done
+// or was refused.
+func (s *stream) snapshotEnded(ctx workflow.Context) {
+	sn := s.st.Snapshot
+	for _, id := range sn.Tablets {
+		if !slices.Contains(sn.Done, id) && sn.Failed[id] == "" {
+			return
+		}
+	}
+	sn.State, sn.Ended = SnapshotDone, workflow.Now(ctx)
+	s.log.Info("snapshot done", "snapshot", sn.ID, "tables", sn.Tables, "failed", len(sn.Failed))
+}
+
+// mergeCopy is a tablet's copy after a run that reported now: rows add
+// up over the runs of one copy.
+func mergeCopy(prev, now *source.CopyProgress) *source.CopyProgress {
+	if now == nil {
+		return prev
+	}
+	out := *now
+	if prev != nil && prev.Kind == now.Kind && prev.ID == now.ID {
+		if prev.Done {
+			return prev // a reader that found it complete at its start
+		}
+		out.Rows += prev.Rows
+		out.Estimate = max(out.Estimate, prev.Estimate)
+	}
+	return &out
+}
+
+// copyFinished reports whether a run's copy is one that finished now:
+// done, and not the copy the tablet already had done.
+func copyFinished(prev, now *source.CopyProgress) bool {
+	return now != nil && now.Done && (prev == nil || !prev.Done || prev.Kind != now.Kind || prev.ID != now.ID)
+}
