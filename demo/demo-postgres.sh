@@ -52,6 +52,11 @@ Lose shard s1's history (its slots dropped: s1 goes Expired), then resync it
   bin/starter status pg-orders                      # s1 Expired within seconds
   bin/starter resync pg-orders --tablets s1 --reason "slots dropped"
   grep -c '"op":"read"' .data/pg-out/s1.jsonl
+Copy a table again on every shard while the stream goes on (an ad-hoc
+snapshot: read lines woven into the changes), watch it finish, or cancel it:
+  bin/starter snapshot pg-orders --tables public.items --reason "backfill"
+  bin/starter status pg-orders                      # snapshot snapshot-1 ...: Running, then Done
+  bin/starter snapshot-cancel pg-orders
 Take a standby down (it stays down until the bed restarts):
   kill -INT \$(head -1 .data/pg/s2-standby1/data/postmaster.pid)     # zone2-s2a
 Stop the stream (dropping its replication slots), then everything:

@@ -19,7 +19,7 @@ type TextTables map[string]map[string]map[string]any
 // unchanged TOAST value, keeps its value), a delete removes it. It fails on
 // an insert of a row it has, a delete or update of one it does not have,
 // or a malformed record.
-func Replay(recs []source.Record) (TextTables, error) { return replay(recs, false) }
+func Replay(recs []source.Record) (TextTables, error) { return replay(recs, false, false) }
 
 // ReplaySnapshot is Replay for a stream that began with a snapshot: a Read
 // record sets its row; changes may come before a row's Read (the row was
@@ -27,15 +27,24 @@ func Replay(recs []source.Record) (TextTables, error) { return replay(recs, fals
 // already held them), so an insert sets its row, an update of a row the
 // replay does not have sets it from after, and a delete of one it does not
 // have does nothing.
-func ReplaySnapshot(recs []source.Record) (TextTables, error) { return replay(recs, true) }
+func ReplaySnapshot(recs []source.Record) (TextTables, error) { return replay(recs, true, false) }
+
+// ReplayAdhoc is Replay for a stream that started without a copy and was
+// given an ad-hoc snapshot (rows that were there before the stream
+// arrive as Read records, woven into its changes): as Replay until the
+// first Read record, as ReplaySnapshot from there on.
+func ReplayAdhoc(recs []source.Record) (TextTables, error) { return replay(recs, false, true) }
 
 // Both replays follow a resync's markers (one shard's records): at a
 // resync-begin the tables start empty again and the rest is replayed as
 // ReplaySnapshot does; a resync-end changes nothing.
 
-func replay(recs []source.Record, lenient bool) (TextTables, error) {
+func replay(recs []source.Record, lenient, fromRead bool) (TextTables, error) {
 	out := TextTables{}
 	for _, r := range recs {
+		if fromRead && r.Op == source.Read {
+			lenient = true
+		}
 		switch r.Op {
 		case source.ResyncBegin:
 			out, lenient = TextTables{}, true
