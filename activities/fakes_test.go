@@ -65,6 +65,9 @@ type fakeSource struct {
 	poll pollFunc
 	// replicas are the test tablet's (nil: testAlias alone).
 	replicas []source.Replica
+	// copyOf, if set, makes the readers CopyReporters: their copy after
+	// n GetChanges calls of the run.
+	copyOf func(n int) *source.CopyProgress
 
 	mu      sync.Mutex
 	reqs    []source.ChangesRequest
@@ -86,7 +89,20 @@ func (s *fakeSource) ListTablets(context.Context) ([]source.Tablet, error) {
 	return []source.Tablet{{ID: testTablet, Replicas: replicas}}, nil
 }
 func (s *fakeSource) OpenReplica(_ context.Context, r source.Replica) (source.ReplicaReader, error) {
+	if s.copyOf != nil {
+		return copyReader{fakeReader{s, r.Alias}}, nil
+	}
 	return fakeReader{s, r.Alias}, nil
+}
+
+// copyReader is a fakeReader that reports a copy of rows (copyOf).
+type copyReader struct{ fakeReader }
+
+func (r copyReader) Copy() *source.CopyProgress {
+	r.s.mu.Lock()
+	n := len(r.s.reqs)
+	r.s.mu.Unlock()
+	return r.s.copyOf(n)
 }
 func (s *fakeSource) Close() error { return nil }
 

@@ -50,7 +50,10 @@ type changesRun struct {
 	w        sink.TabletWriter
 	cur      *reading  // the replica being read
 	slotRead time.Time // when cur's slot statistics were last read
-	unwatch  func()    // ends the watch of the stream's exclude list
+	// copying: a commit saw the reader's copy under way; copyFinished: a
+	// later one saw it done (the run ends: why).
+	copying, copyFinished bool
+	unwatch               func() // ends the watch of the stream's exclude list
 	// The run reads until runDeadline; on a fallback replica it looks
 	// for a preferred one again at deadline, FallbackRun after it got
 	// there.
@@ -344,6 +347,9 @@ func (r *changesRun) why() (reason string, excluded bool) {
 	if !r.a.now().Before(r.deadline) {
 		return StoppedRunEnded, false
 	}
+	if r.copyFinished {
+		return StoppedCopyFinished, false
+	}
 	if e, ok := r.a.Watcher.Excluded(r.in.Stream, r.in.Tablet, r.replica.Alias, r.a.now()); ok {
 		r.a.Metrics.Excluded(r.in.Stream, r.in.Tablet, "operator")
 		r.log.Info("replica excluded by the operator", zap.String("reason", e.Reason))
@@ -494,6 +500,7 @@ func (r *changesRun) commit(group []polled) error {
 	}
 	r.ack(last.Checkpoint)
 	r.count(n, last)
+	r.copied(group[len(group)-1].copy)
 	r.lastSuccess = r.a.now()
 	r.readSlot()
 	r.observe(group, n, began)
@@ -501,6 +508,21 @@ func (r *changesRun) commit(group []polled) error {
 	r.log.Debug("batch committed", zap.Int("records", n), zap.Int("polls", len(group)),
 		zap.Stringer("checkpoint", r.res.Checkpoint), zap.Duration("took", r.a.now().Sub(began)))
 	return nil
+}
+
+// copied takes the reader's copy as of a commit: the run's result
+// reports it, and a copy this run saw under way and now sees done ends
+// the run (StoppedCopyFinished), so that the tablet reports it at once
+// rather than at the run's end.
+func (r *changesRun) copied(c *source.CopyProgress) {
+	if c == nil {
+		return
+	}
+	r.res.Copy = c
+	if c.Done && r.copying {
+		r.copyFinished = true
+	}
+	r.copying = !c.Done
 }
 
 // ack makes cp the run's checkpoint if it is later, and hands it to the

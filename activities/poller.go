@@ -46,6 +46,9 @@ type polled struct {
 	batch source.Batch
 	err   error
 	began time.Time // when the poll was sent (the activity's clock)
+	// copy is the reader's copy of rows right after the poll, on
+	// sources whose readers report one (source.CopyReporter).
+	copy *source.CopyProgress
 }
 
 // startPoller starts reading rd from req.From. The polls run on a child
@@ -98,8 +101,12 @@ func (p *poller) loop(ctx context.Context, now func() time.Time) {
 		if ctx.Err() != nil { // stopped: what was read is not delivered
 			return
 		}
+		var c *source.CopyProgress
+		if cr, ok := p.rd.(source.CopyReporter); ok {
+			c = cr.Copy() // on the goroutine that reads, as the reader asks
+		}
 		select {
-		case p.out <- polled{batch: b, err: err, began: began}:
+		case p.out <- polled{batch: b, err: err, began: began, copy: c}:
 		case <-ctx.Done():
 			return
 		}

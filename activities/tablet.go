@@ -126,7 +126,7 @@ type GetChangesResult struct {
 	// history in slots (PostgreSQL); read every slotEvery.
 	Slot *source.SlotStats `json:"slot,omitempty"`
 	// Stopped says why the run ended: "run ended", "cancelled",
-	// "worker stopping", "replica excluded: …".
+	// "worker stopping", "replica excluded: …", "copy finished".
 	Stopped string `json:"stopped"`
 	// Switched is the replica the run moved to in place, last (nil: it
 	// read in.Replica throughout).
@@ -147,6 +147,11 @@ const slotEvery = 10 * time.Second
 // StoppedRunEnded is GetChangesResult.Stopped for a run that used up its
 // time: the replica is fine to keep reading.
 const StoppedRunEnded = "run ended"
+
+// StoppedCopyFinished is GetChangesResult.Stopped for a run that ended
+// because its reader's copy of rows finished (Copy): the tablet reports
+// it at once, and the next run starts at once.
+const StoppedCopyFinished = "copy finished"
 
 // Heartbeat is GetChanges' heartbeat detail: enough for the next attempt
 // to resume and to say why the previous one failed.
@@ -224,7 +229,9 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 		r.recovered = false // the first commit signals Streaming
 	}
 	err := r.loop()
-	if err == nil {
+	if err == nil && r.res.Copy == nil {
+		// No commit saw a copy: the reader's own word (one that found
+		// its copy complete as it opened).
 		r.res.Copy = r.cur.copied()
 	}
 	return r.res, r.counted(err)

@@ -924,3 +924,22 @@ func TestGetChangesFindingItsHistoryGoneIsExpiredWhenTheSinkHasNotMoved(t *testi
 	require.True(t, appErr.NonRetryable())
 	require.Equal(t, ErrStreamExpired, appErr.Type())
 }
+
+// A run whose reader's copy of rows finishes ends at the commit that sees
+// it done ("copy finished"), its result carrying the copy, so that the
+// tablet reports it at once rather than at the run's end; the copies the
+// commits saw before it are in progress.
+func TestGetChangesEndsTheRunWhenItsCopyFinishes(t *testing.T) {
+	r := newRig(t)
+	r.script(batch(1, 3), batch(4, 6), batch(7, 9), batch(10, 12))
+	r.src.copyOf = func(n int) *source.CopyProgress {
+		return &source.CopyProgress{Kind: source.CopySnapshot, ID: "snapshot-1", Tables: 1, Rows: int64(3 * n), Done: n >= 2}
+	}
+	res, err := r.run(r.activityEnv(context.Background()), input())
+	require.NoError(t, err)
+	require.Equal(t, StoppedCopyFinished, res.Stopped)
+	require.NotNil(t, res.Copy)
+	require.True(t, res.Copy.Done)
+	require.Equal(t, "snapshot-1", res.Copy.ID)
+	require.LessOrEqual(t, res.Checkpoint.Compare(cp(9)), 0, "the run ended after the copy's last chunk (and a batch read ahead), not at its deadline: %s", res.Checkpoint)
+}

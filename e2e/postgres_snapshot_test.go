@@ -36,8 +36,9 @@ func TestPostgresAdhocSnapshotOfOneTableUnderLoad(t *testing.T) {
 	p.startWorker()
 	out := filepath.Join(p.dir, "out")
 	const stream = "pgadhoc"
-	// Short runs: a tablet's copy progress reaches the status at a run's end.
-	p.startStream(stream, p.config(out, map[string]any{"batch": map[string]any{"maxRecords": 100}, "run": map[string]any{"duration": "15s"}}))
+	// The default run.duration (5 m): a run whose copy finishes ends
+	// there and reports it, so the snapshot is Done well before.
+	p.startStream(stream, p.config(out, map[string]any{"batch": map[string]any{"maxRecords": 100}}))
 	p.waitStatus(stream, "both shards streaming", 2*time.Minute, allStreaming(2))
 	load := p.bed.StartWorkload(pgbed.WorkloadOptions{Rate: 40, Seed: 33, KeepGoing: true})
 	p.eventually("changes reach the sink", time.Minute, func() (bool, string) {
@@ -57,7 +58,7 @@ func TestPostgresAdhocSnapshotOfOneTableUnderLoad(t *testing.T) {
 		require.NoError(t, sh.Primary.Exec(ctx, `UPDATE public.orders SET amount = amount + 1 WHERE id % 97 = 0 AND id BETWEEN 1000001 AND 1100000`))
 		require.NoError(t, sh.Primary.Exec(ctx, `DELETE FROM public.orders WHERE id % 89 = 0 AND id BETWEEN 1000001 AND 1100000`))
 	}
-	st := p.waitStatus(stream, "the snapshot is done", 4*time.Minute, func(st workflows.StreamStatus) (bool, string) {
+	st := p.waitStatus(stream, "the snapshot is done", 2*time.Minute, func(st workflows.StreamStatus) (bool, string) {
 		sn := st.Snapshot
 		if sn == nil {
 			return false, "no snapshot in the status"
