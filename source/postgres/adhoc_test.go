@@ -44,10 +44,16 @@ func latestBed(t *testing.T, opts pgbed.Options, stream string, items, orders in
 // it saw, if that does not happen.
 func readCopy(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoint, size int) ([]source.Record, source.Checkpoint) {
 	t.Helper()
+	return readCopyOf(t, rd, stream, from, size, "")
+}
+
+// readCopyOf is readCopy until a copy of kind (any, if "") is done.
+func readCopyOf(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoint, size int, kind string) ([]source.Record, source.Checkpoint) {
+	t.Helper()
 	ctx := ctxT(t, time.Minute)
 	var out []source.Record
 	cp := from
-	for c := rd.Copy(); c == nil || !c.Done; c = rd.Copy() {
+	for c := rd.Copy(); c == nil || !c.Done || (kind != "" && c.Kind != kind); c = rd.Copy() {
 		require.NoError(t, ctx.Err(), "the copy is not done after a minute: %+v, %d records", c, len(out))
 		b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: size, MaxWait: 300 * time.Millisecond})
 		require.NoError(t, err)
@@ -180,14 +186,9 @@ func TestASnapshotJobCopiesItsTableWhileTheShardStreams(t *testing.T) {
 	require.NoError(t, rd.Close())
 
 	// Deleting the stream deletes what the job kept.
-	progress := func() (n int) {
-		require.NoError(t, p.QueryRow(ctx, `SELECT (SELECT count(*) FROM tabletflow.snapshot_chunks WHERE stream = $1)
-			+ (SELECT count(*) FROM tabletflow.snapshot_delivered WHERE stream = $1)`, stream).Scan(&n))
-		return n
-	}
-	require.Positive(t, progress())
+	require.Positive(t, progressRows(t, p, stream))
 	require.NoError(t, b.src.DeleteStream(ctx, stream))
-	require.Zero(t, progress())
+	require.Zero(t, progressRows(t, p, stream))
 }
 
 // A job cancelled in the middle of its copy: a reader opened after copies
@@ -285,20 +286,7 @@ func TestASnapshotJobRecordedDuringTheStartCopyFollowsItInTheSameReader(t *testi
 	ctx := ctxT(t, time.Minute)
 	require.NoError(t, b.src.Snapshot(ctx, stream, "s1", source.SnapshotJob{ID: "j1", Tables: []string{"public.orders"}}))
 	rd := b.primaryReader(t)
-	var all []source.Record
-	cp := start
-	for c := rd.Copy(); c == nil || c.Kind != source.CopySnapshot || !c.Done; c = rd.Copy() {
-		require.NoError(t, ctx.Err(), "the job is not copied: %+v; copied %v", c, copies(all))
-		batch, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: 50, MaxWait: 300 * time.Millisecond})
-		require.NoError(t, err)
-		for _, r := range batch.Records {
-			require.Equal(t, 1, r.Position.Compare(cp), "positions increase: %s after %s", r.Position, cp)
-			cp = r.Position
-		}
-		cp = batch.Checkpoint
-		require.NoError(t, rd.Ack(ctx, stream, "s1", cp))
-		all = append(all, batch.Records...)
-	}
+	all, _ := readCopyOf(t, rd, stream, start, 50, source.CopySnapshot)
 	var copied []source.Record
 	for _, r := range all {
 		if r.Op == source.Read {

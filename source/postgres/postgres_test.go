@@ -727,14 +727,17 @@ func TestAChunkAfterARestartWaitsForACommitTheLogAlreadyDelivered(t *testing.T) 
 	require.Equal(t, want, replayed, "no chunk overwrote the update with an older copy: %v", all)
 
 	// Deleting the stream deletes what the copy kept on the primary.
-	rows := func() (n int) {
-		require.NoError(t, p.QueryRow(ctx, `SELECT (SELECT count(*) FROM tabletflow.snapshot_chunks WHERE stream = $1)
-			+ (SELECT count(*) FROM tabletflow.snapshot_delivered WHERE stream = $1)`, stream).Scan(&n))
-		return n
-	}
-	require.Positive(t, rows())
+	require.Positive(t, progressRows(t, p, stream))
 	require.NoError(t, b.src.DeleteStream(ctx, stream))
-	require.Zero(t, rows())
+	require.Zero(t, progressRows(t, p, stream))
+}
+
+// progressRows counts what a stream's copies keep on primary p.
+func progressRows(t *testing.T, p *pgbed.Node, stream string) (n int) {
+	t.Helper()
+	require.NoError(t, p.QueryRow(ctxT(t, 30*time.Second), `SELECT (SELECT count(*) FROM tabletflow.snapshot_chunks WHERE stream = $1)
+		+ (SELECT count(*) FROM tabletflow.snapshot_delivered WHERE stream = $1)`, stream).Scan(&n))
+	return n
 }
 
 // A reader on a standby that has not replayed the stream's record yet (the
