@@ -519,7 +519,10 @@ func (r *changesRun) copied(c *source.CopyProgress) {
 		return
 	}
 	r.res.Copy = c
-	if c.Done && r.copying {
+	// Done now, and this run's reader copied (it had seen the copy under
+	// way, or handed rows of it out: a copy of one chunk is done at its
+	// first read); not a copy the reader found complete as it opened.
+	if c.Done && (r.copying || c.Rows > 0) {
 		r.copyFinished = true
 	}
 	r.copying = !c.Done

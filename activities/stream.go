@@ -353,16 +353,18 @@ type SnapshotInput struct {
 
 // SnapshotResult says, per tablet of SnapshotInput, what the source
 // answered: Done lists the tablets that took the job (or its cancel),
-// Failed the others with the source's error.
+// Failed those it refused for good, Later those it could not take now
+// (RetrySame errors: a server down), each with the source's error.
 type SnapshotResult struct {
 	Done   []string          `json:"done,omitempty"`
 	Failed map[string]string `json:"failed,omitempty"`
+	Later  map[string]string `json:"later,omitempty"`
 }
 
 // Snapshot records an ad-hoc snapshot's job (or its cancel) at the source
-// for each tablet, in order. A tablet the source refuses for good (its
-// error not RetrySame) is in Failed; any other error fails the activity,
-// to be tried again (the source answers a job's id idempotently).
+// for each tablet, in order, and says for each how it went: one tablet's
+// server down delays only that tablet (the stream tells the source of it
+// again later; the source answers a job's id idempotently).
 func (a *Activities) Snapshot(ctx context.Context, in SnapshotInput) (SnapshotResult, error) {
 	src, err := a.Resources.Source(in.Source)
 	if err != nil {
@@ -382,15 +384,23 @@ func (a *Activities) Snapshot(ctx context.Context, in SnapshotInput) (SnapshotRe
 		switch {
 		case err == nil:
 			res.Done = append(res.Done, t)
+		case ctx.Err() != nil:
+			return SnapshotResult{}, ctx.Err()
 		case src.Classify(err).Action == source.RetrySame:
-			return SnapshotResult{}, err
+			res.Later = addTo(res.Later, t, err)
 		default:
-			if res.Failed == nil {
-				res.Failed = map[string]string{}
-			}
-			res.Failed[t] = err.Error()
+			res.Failed = addTo(res.Failed, t, err)
 		}
 		activity.RecordHeartbeat(ctx, len(res.Done)+len(res.Failed))
 	}
 	return res, nil
+}
+
+// addTo adds tablet's error to m, made if nil.
+func addTo(m map[string]string, tablet string, err error) map[string]string {
+	if m == nil {
+		m = map[string]string{}
+	}
+	m[tablet] = err.Error()
+	return m
 }

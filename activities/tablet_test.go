@@ -943,3 +943,37 @@ func TestGetChangesEndsTheRunWhenItsCopyFinishes(t *testing.T) {
 	require.Equal(t, "snapshot-1", res.Copy.ID)
 	require.LessOrEqual(t, res.Checkpoint.Compare(cp(9)), 0, "the run ended after the copy's last chunk (and a batch read ahead), not at its deadline: %s", res.Checkpoint)
 }
+
+// snapshotterSource is a fakeSource that takes snapshot jobs, answering
+// each tablet with answers[tablet] (nil: taken).
+type snapshotterSource struct {
+	*fakeSource
+	answers map[string]error
+}
+
+func (s snapshotterSource) Snapshot(_ context.Context, _, tablet string, _ source.SnapshotJob) error {
+	return s.answers[tablet]
+}
+func (s snapshotterSource) CancelSnapshot(_ context.Context, _, tablet, _ string) error {
+	return s.answers[tablet]
+}
+
+// Snapshot tells the source of every tablet and says how each went: one
+// whose server is down (a RetrySame error) is to be told later, one the
+// source refuses is failed, and neither holds the others up.
+func TestSnapshotSaysPerTabletWhatTheSourceAnswered(t *testing.T) {
+	r := newRig(t)
+	src := snapshotterSource{r.src, map[string]error{"s2": errSourceDown, "s3": fmt.Errorf("public.x is not a table the stream reads")}}
+	r.a.Resources.NewSource = func(config.Source) (source.Source, error) { return src, nil }
+	var s testsuite.WorkflowTestSuite
+	s.SetLogger(temporalclient.Quiet{})
+	env := s.NewTestActivityEnvironment()
+	env.RegisterActivity(r.a)
+	val, err := env.ExecuteActivity(r.a.Snapshot, SnapshotInput{Stream: testStream, Source: config.Source{Kind: "fake"},
+		Tablets: []string{"s1", "s2", "s3", "s4"}, Job: source.SnapshotJob{ID: "snapshot-1", Tables: []string{"public.orders"}}})
+	require.NoError(t, err)
+	var res SnapshotResult
+	require.NoError(t, val.Get(&res))
+	require.Equal(t, SnapshotResult{Done: []string{"s1", "s4"}, Later: map[string]string{"s2": errSourceDown.Error()},
+		Failed: map[string]string{"s3": "public.x is not a table the stream reads"}}, res)
+}

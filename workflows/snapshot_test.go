@@ -69,6 +69,8 @@ type snapshotSource struct {
 	mu     sync.Mutex
 	asked  []activities.SnapshotInput
 	refuse map[string]string
+	// down: tablets whose server does not answer for their first n asks.
+	down map[string]int
 }
 
 func (s *snapshotSource) mock(env *testsuite.TestWorkflowEnvironment, after time.Duration) {
@@ -79,6 +81,14 @@ func (s *snapshotSource) mock(env *testsuite.TestWorkflowEnvironment, after time
 			s.asked = append(s.asked, in)
 			var res activities.SnapshotResult
 			for _, id := range in.Tablets {
+				if s.down[id] > 0 {
+					s.down[id]--
+					if res.Later == nil {
+						res.Later = map[string]string{}
+					}
+					res.Later[id] = "connection refused"
+					continue
+				}
 				if why := s.refuse[id]; why != "" && !in.Cancel {
 					if res.Failed == nil {
 						res.Failed = map[string]string{}
@@ -339,7 +349,7 @@ func TestASnapshotRefusedOnATabletIsDoneOnceTheOthersCopied(t *testing.T) {
 
 // snapshot-cancel ends a running snapshot (Cancelled, its end dated, the
 // reason kept): the source is told to cancel the job on the tablets whose
-// copy is neither done nor refused, and those reopen without it. A copy
+// copy is not done (a refused one too), and those reopen without it. A copy
 // reported done after the cancel does not make it Done.
 func TestSnapshotCancelCancelsTheJobOnTheTabletsNotDone(t *testing.T) {
 	for _, how := range []string{"signal", "update"} {
@@ -365,11 +375,11 @@ func TestSnapshotCancelCancelsTheJobOnTheTabletsNotDone(t *testing.T) {
 			calls := src.calls()
 			require.Len(t, calls, 2, "%+v", calls)
 			require.False(t, calls[0].Cancel)
-			require.Equal(t, activities.SnapshotInput{Stream: "orders", Source: calls[1].Source, Tablets: []string{"t-0002"},
+			require.Equal(t, activities.SnapshotInput{Stream: "orders", Source: calls[1].Source, Tablets: []string{"t-0002", "t-0003"},
 				Job: source.SnapshotJob{ID: "snapshot-1", Tables: []string{"public.orders"}}, Cancel: true}, calls[1],
-				"cancelled where the copy is neither done (t-0001) nor refused (t-0003)")
-			require.Equal(t, map[string]int{"t-0001": 1, "t-0002": 2}, reopens(&cmds, "t-0001", "t-0002", "t-0003"),
-				"t-0002 reopens with the job, then without it")
+				"cancelled where the copy is not done (t-0001): also where it was refused (t-0003), whose job an earlier attempt may have recorded")
+			require.Equal(t, map[string]int{"t-0001": 1, "t-0002": 2, "t-0003": 1}, reopens(&cmds, "t-0001", "t-0002", "t-0003"),
+				"t-0002 reopens with the job, then without it; t-0003, refused the job, reopens after its cancel")
 			sn := status.Snapshot
 			require.Equal(t, SnapshotCancelled, sn.State)
 			require.True(t, sn.Ended.Equal(cancelled), "ended %v, cancelled %v", sn.Ended, cancelled)
@@ -572,4 +582,43 @@ func TestMergeCopyAddsUpTheRunsOfOneCopy(t *testing.T) {
 			require.Equal(t, tt.now, now, "now left as it was")
 		})
 	}
+}
+
+// A tablet whose server the source cannot reach now is told again after
+// snapshotRetry (the others are not held up, nor is it listed failed);
+// a tablet that ends before its copy is complete is listed failed with
+// why, and the snapshot is Done once the others' copies are.
+func TestASnapshotTellsAnUnreachableTabletLaterAndListsOneThatEndedFailed(t *testing.T) {
+	env := newEnv(t)
+	st := snapshotStream(env, "t-0001", "t-0002", "t-0003")
+	var cmds tabletCommands
+	cmds.mock(env)
+	src := snapshotSource{down: map[string]int{"t-0002": 1}}
+	src.mock(env, 0)
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(CmdSnapshot, json.RawMessage(`{"tables": ["public.orders"]}`)) }, 5*time.Second)
+	var first StreamStatus
+	env.RegisterDelayedCallback(func() {
+		first = queryStatus[StreamStatus](t, env)
+		env.SignalWorkflow(SignalTabletReport, copied(env, "t-0001", 2, copyDone))
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0003", State: Expired, Reason: "history gone", Checkpoint: cp(9), Seq: 2, Updated: env.Now()})
+	}, 6*time.Second)
+	var later StreamStatus
+	env.RegisterDelayedCallback(func() {
+		later = queryStatus[StreamStatus](t, env)
+		env.SignalWorkflow(SignalTabletReport, copied(env, "t-0002", 2, copyDone))
+	}, 5*time.Second+snapshotRetry+2*time.Second)
+	var done StreamStatus
+	env.RegisterDelayedCallback(func() { done = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 5*time.Second+snapshotRetry+4*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, snapshotConfig(t), st)
+
+	calls := src.calls()
+	require.Len(t, calls, 2, "%+v", calls)
+	require.Equal(t, []string{"t-0002"}, calls[1].Tablets, "told again, alone")
+	require.Equal(t, []string{"t-0002"}, first.Snapshot.Todo)
+	require.Empty(t, first.Snapshot.Failed, "not reached now is not failed")
+	require.Empty(t, later.Snapshot.Todo)
+	require.Contains(t, later.Snapshot.Failed["t-0003"], "ended Expired before its copy was complete: history gone")
+	require.Equal(t, map[string]int{"t-0001": 1, "t-0002": 1, "t-0003": 1}, reopens(&cmds, "t-0001", "t-0002", "t-0003"))
+	require.Equal(t, SnapshotDone, done.Snapshot.State)
+	require.Equal(t, []string{"t-0001", "t-0002"}, done.Snapshot.Done)
 }

@@ -238,7 +238,7 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 	s.resynced = workflow.NewChannel(ctx)
 	s.resumeResyncs(ctx)
 	s.snapshots = workflow.NewChannel(ctx)
-	s.driveSnapshot()
+	s.driveSnapshot(false)
 	for {
 		if err := ctx.Err(); err != nil {
 			return temporal.NewCanceledError("stream cancelled")
@@ -292,6 +292,7 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 			s.onStarted(ctx, r)
 		})
 		sel.Select(ctx)
+		s.snapshotSweep(ctx)
 		if !sel.HasPending() {
 			// What the tablets are owed goes out once the commands, reports
 			// and starts already here are handled, in one fan-out.

@@ -103,7 +103,11 @@ func (s *stream) resync(ctx workflow.Context, raw json.RawMessage, apply bool) e
 	if !apply {
 		return nil
 	}
-	workflow.GetVersion(ctx, changeResync, workflow.DefaultVersion, 1)
+	if workflow.GetVersion(ctx, changeResync, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		// Replayed from before it (a resync signal an older worker left
+		// unread): refused rather than issue commands the history lacks.
+		return fmt.Errorf("this stream's run predates resync: ask again")
+	}
 	var stop []string
 	for _, id := range s.named(ctx, req.Tablets) {
 		row := s.st.Tablets[id]

@@ -2,7 +2,9 @@ package workflows
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -65,7 +67,12 @@ const (
 
 // Snapshot is the stream's last ad-hoc snapshot.
 type Snapshot struct {
-	ID      string    `json:"id"`
+	ID string `json:"id"`
+	// Key is the job's id at the source: ID and the stream's first run,
+	// so that a stream started again under its id (whose source-side
+	// record may keep an earlier stream's jobs) never meets a job of its
+	// own id there.
+	Key     string    `json:"key"`
 	Tables  []string  `json:"tables"`
 	Tablets []string  `json:"tablets"`
 	Reason  string    `json:"reason,omitempty"`
@@ -87,6 +94,9 @@ type snapshotted struct {
 	Cancel bool                      `json:"cancel"`
 	Res    activities.SnapshotResult `json:"res"`
 	Err    string                    `json:"err,omitempty"`
+	// Fatal: Err is one that telling the source again cannot mend (the
+	// source's config, a kind that cannot snapshot).
+	Fatal bool `json:"fatal,omitempty"`
 }
 
 func (s *stream) snapshot(ctx workflow.Context, raw json.RawMessage, apply bool) error {
@@ -122,23 +132,47 @@ func (s *stream) snapshot(ctx workflow.Context, raw json.RawMessage, apply bool)
 			return fmt.Errorf("tablets[%d]: %s is %s; a snapshot copies on a tablet that runs (a resync copies every table)", i, id, st)
 		}
 	}
-	if sn := s.st.Snapshot; sn != nil && sn.State == SnapshotRunning {
+	switch sn := s.st.Snapshot; {
+	case sn != nil && sn.State == SnapshotRunning:
 		return fmt.Errorf("snapshot %s of %v is running; wait for it or cancel it (snapshot-cancel)", sn.ID, sn.Tables)
+	case sn != nil && len(sn.Todo) > 0:
+		return fmt.Errorf("snapshot %s is being cancelled at the source; ask again once it is", sn.ID)
+	}
+	tablets := req.Tablets
+	if len(tablets) == 0 {
+		tablets = slices.DeleteFunc(s.tabletIDs(), func(id string) bool { return terminal(s.st.Tablets[id].State) })
+		if len(tablets) == 0 {
+			return fmt.Errorf("no tablet of the stream runs: a snapshot copies on running tablets (a resync copies every table)")
+		}
 	}
 	if !apply {
 		return nil
 	}
-	workflow.GetVersion(ctx, changeSnapshot, workflow.DefaultVersion, 1)
-	tablets := s.named(ctx, req.Tablets)
-	if len(req.Tablets) == 0 {
-		tablets = slices.DeleteFunc(s.tabletIDs(), func(id string) bool { return terminal(s.st.Tablets[id].State) })
+	if err := s.snapshotsVersioned(ctx); err != nil {
+		return err
 	}
+	tablets = s.named(ctx, tablets)
 	s.st.SnapshotSeq++
+	id := fmt.Sprintf("snapshot-%d", s.st.SnapshotSeq)
+	key := id
+	if run := workflow.GetInfo(ctx).FirstRunID; run != "" {
+		key += "@" + run
+	}
 	s.st.Snapshot = &Snapshot{
-		ID: fmt.Sprintf("snapshot-%d", s.st.SnapshotSeq), Tables: slices.Clone(req.Tables), Tablets: tablets,
+		ID: id, Key: key, Tables: slices.Clone(req.Tables), Tablets: tablets,
 		Reason: req.Reason, State: SnapshotRunning, Asked: workflow.Now(ctx), Todo: slices.Clone(tablets),
 	}
-	s.driveSnapshot()
+	s.driveSnapshot(false)
+	return nil
+}
+
+// snapshotsVersioned asks for changeSnapshot. A run replayed from before
+// it (a snapshot signal an older worker left unread) refuses the command
+// rather than issue commands its history does not have.
+func (s *stream) snapshotsVersioned(ctx workflow.Context) error {
+	if workflow.GetVersion(ctx, changeSnapshot, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		return fmt.Errorf("this stream's run predates snapshots: ask again")
+	}
 	return nil
 }
 
@@ -157,17 +191,19 @@ func (s *stream) snapshotCancel(ctx workflow.Context, raw json.RawMessage, apply
 	if !apply {
 		return nil
 	}
-	workflow.GetVersion(ctx, changeSnapshot, workflow.DefaultVersion, 1)
+	if err := s.snapshotsVersioned(ctx); err != nil {
+		return err
+	}
 	sn.State, sn.Ended = SnapshotCancelled, workflow.Now(ctx)
 	if req.Reason != "" {
 		sn.Reason = truncate(req.Reason, maxReasonBytes)
 	}
-	// Every tablet whose copy may still run is told, also one whose job
-	// a Snapshot activity under way is recording now.
-	sn.Todo = slices.DeleteFunc(slices.Clone(sn.Tablets), func(id string) bool {
-		return slices.Contains(sn.Done, id) || sn.Failed[id] != ""
-	})
-	s.driveSnapshot()
+	// Every tablet whose copy may still run is told: also one whose job
+	// a Snapshot activity under way is recording now, and one listed
+	// failed (an earlier attempt may have recorded its job); the source
+	// takes the cancel of a tablet without the job as done.
+	sn.Todo = slices.DeleteFunc(slices.Clone(sn.Tablets), func(id string) bool { return slices.Contains(sn.Done, id) })
+	s.driveSnapshot(false)
 	return nil
 }
 
@@ -184,66 +220,91 @@ func (s *stream) snapshotAllowed() error {
 	return nil
 }
 
+// snapshotRetry is the wait before the Snapshot activity tells the
+// source again of tablets it could not reach.
+const snapshotRetry = 30 * time.Second
+
 // driveSnapshot runs the Snapshot activity for the tablets the source
-// has not been told of yet, one activity at a time, beside the loop.
-func (s *stream) driveSnapshot() {
+// has not been told of yet, one activity at a time, beside the loop;
+// later, after snapshotRetry, for tablets the last one could not reach.
+func (s *stream) driveSnapshot(later bool) {
 	sn := s.st.Snapshot
 	if s.snapshots == nil || s.snapshotBusy || sn == nil || len(sn.Todo) == 0 {
 		return // the loop's start drives it (or nothing to tell)
 	}
 	s.snapshotBusy = true
 	in := activities.SnapshotInput{Stream: s.id, Source: s.cfg.Source, Tablets: slices.Clone(sn.Todo),
-		Job: source.SnapshotJob{ID: sn.ID, Tables: sn.Tables}, Cancel: sn.State == SnapshotCancelled}
+		Job: sn.job(), Cancel: sn.State == SnapshotCancelled}
 	what := "record snapshot " + sn.ID + " at the source"
 	if in.Cancel {
 		what = "cancel snapshot " + sn.ID + " at the source"
 	}
 	workflow.Go(s.loopCtx, func(ctx workflow.Context) {
+		if later {
+			if err := workflow.Sleep(ctx, snapshotRetry); err != nil {
+				return
+			}
+		}
 		var a *activities.Activities
 		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 			StartToCloseTimeout: 10 * time.Minute, HeartbeatTimeout: time.Minute, Summary: what,
 			RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, MaximumAttempts: 20, NonRetryableErrorTypes: activities.NonRetryable},
 		})
-		r := snapshotted{ID: in.Job.ID, Cancel: in.Cancel}
+		r := snapshotted{ID: sn.ID, Cancel: in.Cancel}
 		if err := workflow.ExecuteActivity(actx, a.Snapshot, in).Get(ctx, &r.Res); err != nil {
-			r.Err = rootMessage(err)
+			var app *temporal.ApplicationError
+			r.Err, r.Fatal = rootMessage(err), errors.As(err, &app) && app.NonRetryable()
 		}
 		s.snapshots.Send(ctx, r)
 	})
 }
 
 // onSnapshotted takes a Snapshot activity's answer: the tablets that took
-// the job reopen their readers; the ones refused are Failed.
+// the job (or its cancel) reopen their readers; the ones refused are
+// Failed; the ones not reached (the source down, or the activity failed)
+// are told again after snapshotRetry.
 func (s *stream) onSnapshotted(ctx workflow.Context, r snapshotted) {
 	s.snapshotBusy = false
 	sn := s.st.Snapshot
 	if sn == nil || sn.ID != r.ID || r.Cancel != (sn.State == SnapshotCancelled) {
-		s.driveSnapshot() // a newer job, or the cancel came meanwhile
+		s.driveSnapshot(false) // a newer job, or the cancel came meanwhile
 		return
 	}
-	told := r.Res.Done
-	failed := r.Res.Failed
 	if r.Err != "" {
-		failed = map[string]string{}
+		s.log.Warn("snapshot: the source was not told", "snapshot", sn.ID, "cancel", r.Cancel, "error", r.Err, "fatal", r.Fatal)
+	}
+	if r.Fatal {
+		r.Res.Failed = map[string]string{}
 		for _, id := range sn.Todo {
-			failed[id] = r.Err
+			r.Res.Failed[id] = r.Err
 		}
 	}
-	sn.Todo = slices.DeleteFunc(sn.Todo, func(id string) bool { return slices.Contains(told, id) || failed[id] != "" })
+	for _, id := range slices.Sorted(maps.Keys(r.Res.Later)) {
+		s.log.Warn("snapshot: the source could not be told of a tablet; telling it again later", "snapshot", sn.ID, "tablet", id, "error", r.Res.Later[id])
+	}
+	told := r.Res.Done
+	sn.Todo = slices.DeleteFunc(sn.Todo, func(id string) bool { return slices.Contains(told, id) || r.Res.Failed[id] != "" })
 	if sn.State == SnapshotRunning {
-		for id, why := range failed {
+		for _, id := range slices.Sorted(maps.Keys(r.Res.Failed)) {
 			if sn.Failed == nil {
 				sn.Failed = map[string]string{}
 			}
-			sn.Failed[id] = clip(why)
+			sn.Failed[id] = clip(r.Res.Failed[id])
 		}
 		s.snapshotEnded(ctx)
-	} else if r.Err != "" {
-		s.log.Warn("snapshot cancel failed at the source", "snapshot", sn.ID, "error", r.Err)
 	}
 	live := s.live()
 	s.tell(ctx, slices.DeleteFunc(slices.Clone(told), func(id string) bool { return !slices.Contains(live, id) }), TabletCommand{Kind: CmdReopen})
-	s.driveSnapshot()
+	s.driveSnapshot(true)
+}
+
+// job is the snapshot's job as the source records it.
+func (sn *Snapshot) job() source.SnapshotJob {
+	key := sn.Key
+	if key == "" {
+		key = sn.ID
+	}
+	return source.SnapshotJob{ID: key, Tables: sn.Tables}
 }
 
 // snapshotReported notes a tablet's report: its copy of the running
@@ -255,7 +316,7 @@ func (s *stream) snapshotReported(ctx workflow.Context, r TabletStatus) {
 		return
 	}
 	switch {
-	case r.Copy != nil && r.Copy.Kind == source.CopySnapshot && r.Copy.ID == sn.ID && r.Copy.Done:
+	case r.Copy != nil && r.Copy.Kind == source.CopySnapshot && r.Copy.ID == sn.job().ID && r.Copy.Done:
 		sn.Done = append(sn.Done, r.ID)
 		slices.Sort(sn.Done)
 	case terminal(r.State):
@@ -267,6 +328,21 @@ func (s *stream) snapshotReported(ctx workflow.Context, r TabletStatus) {
 		return
 	}
 	s.snapshotEnded(ctx)
+}
+
+// snapshotSweep lists failed the running snapshot's tablets that ended
+// without a report saying so (the stream made their rows terminal
+// itself: a stop before their workflow started, a restart that failed).
+func (s *stream) snapshotSweep(ctx workflow.Context) {
+	sn := s.st.Snapshot
+	if sn == nil || sn.State != SnapshotRunning {
+		return
+	}
+	for _, id := range sn.Tablets {
+		if row := s.st.Tablets[id]; row != nil && terminal(row.State) {
+			s.snapshotReported(ctx, *row)
+		}
+	}
 }
 
 // snapshotEnded makes the snapshot Done once every tablet's copy is done

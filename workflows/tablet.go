@@ -336,7 +336,9 @@ func (t *tablet) wait(ctx workflow.Context, byPolicy bool) error {
 			return
 		}
 		t.handle(ctx, cmd)
-		t.backoff = 0
+		if cmd.Kind != CmdReopen { // a snapshot recorded: no reason to hurry a retry
+			t.backoff = 0
+		}
 	})
 	sel.Select(ctx)
 	return ctx.Err()

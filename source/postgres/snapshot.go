@@ -120,9 +120,12 @@ type chunk struct {
 	tableDone, last bool
 }
 
-// committed notes a transaction the change log delivered.
+// committed notes a transaction the change log delivered. Once a start
+// or resync copy is complete, its reader still notes them until its next
+// GetChanges hands them to the ad-hoc job that may follow (followWithJob):
+// that job's first select must see them too.
 func (s *snapshot) committed(xid uint32) {
-	if s.done && s.pending == nil {
+	if s.done && s.pending == nil && s.kind == source.CopySnapshot {
 		return
 	}
 	if s.recent == nil {
