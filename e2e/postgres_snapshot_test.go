@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,8 @@ func TestPostgresAdhocSnapshotOfOneTableUnderLoad(t *testing.T) {
 		return sn.State == workflows.SnapshotDone, fmt.Sprintf("%s: %v done; %s", sn.State, sn.Done, summary(st))
 	})
 	require.Empty(t, st.Snapshot.Failed)
+	require.True(t, strings.HasPrefix(st.Snapshot.Key, "snapshot-1@") && len(st.Snapshot.Key) > len("snapshot-1@"),
+		"the job at the source is named by the stream's first run too (a stream started again under its id never meets it): %q", st.Snapshot.Key)
 	for _, id := range []string{"s1", "s2"} {
 		c := tabletStatus(st, id).Copy
 		require.NotNil(t, c, id)
