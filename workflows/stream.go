@@ -292,11 +292,12 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 			s.onStarted(ctx, r)
 		})
 		sel.Select(ctx)
-		s.snapshotSweep(ctx)
 		if !sel.HasPending() {
 			// What the tablets are owed goes out once the commands, reports
-			// and starts already here are handled, in one fan-out.
+			// and starts already here are handled, in one fan-out; so is a
+			// running snapshot's look for tablets that ended unreported.
 			s.flushOwed(ctx)
+			s.snapshotSweep(ctx)
 		}
 		// With more reports or commands already waiting, the details wait
 		// for the last of them: 64 tablets reporting in one workflow task

@@ -74,7 +74,7 @@ type Snapshot struct {
 	// own id there.
 	Key     string    `json:"key"`
 	Tables  []string  `json:"tables"`
-	Tablets []string  `json:"tablets"`
+	Tablets []string  `json:"tablets"` // sorted
 	Reason  string    `json:"reason,omitempty"`
 	State   string    `json:"state"`
 	Asked   time.Time `json:"asked"`
@@ -82,8 +82,9 @@ type Snapshot struct {
 	// Todo are the tablets the source has not been told yet: of the job
 	// while Running, of its cancel once Cancelled.
 	Todo []string `json:"todo,omitempty"`
-	// Done are the tablets whose copy is complete; Failed, the tablets
-	// the source refused the job for, with its reason.
+	// Done are the tablets whose copy is complete (sorted); Failed, the
+	// tablets the source refused the job for, or that ended first, with
+	// why.
 	Done   []string          `json:"done,omitempty"`
 	Failed map[string]string `json:"failed,omitempty"`
 }
@@ -138,9 +139,9 @@ func (s *stream) snapshot(ctx workflow.Context, raw json.RawMessage, apply bool)
 	case sn != nil && len(sn.Todo) > 0:
 		return fmt.Errorf("snapshot %s is being cancelled at the source; ask again once it is", sn.ID)
 	}
-	tablets := req.Tablets
+	tablets := slices.Sorted(slices.Values(unique(req.Tablets)))
 	if len(tablets) == 0 {
-		tablets = slices.DeleteFunc(s.tabletIDs(), func(id string) bool { return terminal(s.st.Tablets[id].State) })
+		tablets = s.live()
 		if len(tablets) == 0 {
 			return fmt.Errorf("no tablet of the stream runs: a snapshot copies on running tablets (a resync copies every table)")
 		}
@@ -151,7 +152,6 @@ func (s *stream) snapshot(ctx workflow.Context, raw json.RawMessage, apply bool)
 	if err := s.snapshotsVersioned(ctx); err != nil {
 		return err
 	}
-	tablets = s.named(ctx, tablets)
 	s.st.SnapshotSeq++
 	id := fmt.Sprintf("snapshot-%d", s.st.SnapshotSeq)
 	key := id
@@ -202,7 +202,7 @@ func (s *stream) snapshotCancel(ctx workflow.Context, raw json.RawMessage, apply
 	// a Snapshot activity under way is recording now, and one listed
 	// failed (an earlier attempt may have recorded its job); the source
 	// takes the cancel of a tablet without the job as done.
-	sn.Todo = slices.DeleteFunc(slices.Clone(sn.Tablets), func(id string) bool { return slices.Contains(sn.Done, id) })
+	sn.Todo = slices.DeleteFunc(slices.Clone(sn.Tablets), sn.copied)
 	s.driveSnapshot(false)
 	return nil
 }
@@ -293,8 +293,10 @@ func (s *stream) onSnapshotted(ctx workflow.Context, r snapshotted) {
 		}
 		s.snapshotEnded(ctx)
 	}
-	live := s.live()
-	s.tell(ctx, slices.DeleteFunc(slices.Clone(told), func(id string) bool { return !slices.Contains(live, id) }), TabletCommand{Kind: CmdReopen})
+	s.tell(ctx, slices.DeleteFunc(slices.Clone(told), func(id string) bool {
+		row := s.st.Tablets[id]
+		return row == nil || terminal(row.State)
+	}), TabletCommand{Kind: CmdReopen})
 	s.driveSnapshot(true)
 }
 
@@ -312,13 +314,13 @@ func (sn *Snapshot) job() source.SnapshotJob {
 // an expiry, a failure, a stop: it is Failed in the snapshot, saying so).
 func (s *stream) snapshotReported(ctx workflow.Context, r TabletStatus) {
 	sn := s.st.Snapshot
-	if sn == nil || sn.State != SnapshotRunning || !slices.Contains(sn.Tablets, r.ID) || slices.Contains(sn.Done, r.ID) || sn.Failed[r.ID] != "" {
+	if sn == nil || sn.State != SnapshotRunning || !sn.takes(r.ID) || sn.ended(r.ID) {
 		return
 	}
 	switch {
 	case r.Copy != nil && r.Copy.Kind == source.CopySnapshot && r.Copy.ID == sn.job().ID && r.Copy.Done:
-		sn.Done = append(sn.Done, r.ID)
-		slices.Sort(sn.Done)
+		i, _ := slices.BinarySearch(sn.Done, r.ID)
+		sn.Done = slices.Insert(sn.Done, i, r.ID)
 	case terminal(r.State):
 		if sn.Failed == nil {
 			sn.Failed = map[string]string{}
@@ -345,12 +347,28 @@ func (s *stream) snapshotSweep(ctx workflow.Context) {
 	}
 }
 
+// takes reports whether tablet id is one of the snapshot's (Tablets is
+// sorted).
+func (sn *Snapshot) takes(id string) bool {
+	_, ok := slices.BinarySearch(sn.Tablets, id)
+	return ok
+}
+
+// copied reports whether tablet id's copy is done (Done is sorted).
+func (sn *Snapshot) copied(id string) bool {
+	_, ok := slices.BinarySearch(sn.Done, id)
+	return ok
+}
+
+// ended reports whether tablet id's copy is done or was refused.
+func (sn *Snapshot) ended(id string) bool { return sn.copied(id) || sn.Failed[id] != "" }
+
 // snapshotEnded makes the snapshot Done once every tablet's copy is done
 // or was refused.
 func (s *stream) snapshotEnded(ctx workflow.Context) {
 	sn := s.st.Snapshot
 	for _, id := range sn.Tablets {
-		if !slices.Contains(sn.Done, id) && sn.Failed[id] == "" {
+		if !sn.ended(id) {
 			return
 		}
 	}
