@@ -313,6 +313,22 @@ func classified(src source.Source, err error) error {
 	return typed(c, fmt.Errorf("%w", err), "", source.Checkpoint{})
 }
 
+// sourceAs is the stream's source as the capability T (source.Resyncer,
+// source.Snapshotter); a fatal error if it cannot be opened or lacks it
+// (what it cannot do).
+func sourceAs[T any](a *Activities, cfg config.Source, what string) (source.Source, T, error) {
+	var none T
+	src, err := a.Resources.Source(cfg)
+	if err != nil {
+		return nil, none, fatalf("%v", err)
+	}
+	c, ok := src.(T)
+	if !ok {
+		return nil, none, fatalf("source kind %q cannot %s", cfg.Kind, what)
+	}
+	return src, c, nil
+}
+
 // ResyncInput gives one tablet of a stream a fresh source-side start.
 type ResyncInput struct {
 	Stream string        `json:"stream"`
@@ -326,13 +342,9 @@ type ResyncInput struct {
 // Resync makes a tablet's fresh start (source.Resyncer) and returns its
 // checkpoint.
 func (a *Activities) Resync(ctx context.Context, in ResyncInput) (source.Checkpoint, error) {
-	src, err := a.Resources.Source(in.Source)
+	src, r, err := sourceAs[source.Resyncer](a, in.Source, "resync a tablet")
 	if err != nil {
-		return source.Checkpoint{}, fatalf("%v", err)
-	}
-	r, ok := src.(source.Resyncer)
-	if !ok {
-		return source.Checkpoint{}, fatalf("source kind %q cannot resync a tablet", in.Source.Kind)
+		return source.Checkpoint{}, err
 	}
 	cp, err := r.Resync(ctx, in.Stream, in.Tablet, in.ID)
 	if err != nil {
@@ -366,13 +378,9 @@ type SnapshotResult struct {
 // server down delays only that tablet (the stream tells the source of it
 // again later; the source answers a job's id idempotently).
 func (a *Activities) Snapshot(ctx context.Context, in SnapshotInput) (SnapshotResult, error) {
-	src, err := a.Resources.Source(in.Source)
+	src, sn, err := sourceAs[source.Snapshotter](a, in.Source, "snapshot tables of a running stream")
 	if err != nil {
-		return SnapshotResult{}, fatalf("%v", err)
-	}
-	sn, ok := src.(source.Snapshotter)
-	if !ok {
-		return SnapshotResult{}, fatalf("source kind %q cannot snapshot tables of a running stream", in.Source.Kind)
+		return SnapshotResult{}, err
 	}
 	var res SnapshotResult
 	for _, t := range in.Tablets {

@@ -930,18 +930,39 @@ func TestGetChangesFindingItsHistoryGoneIsExpiredWhenTheSinkHasNotMoved(t *testi
 // tablet reports it at once rather than at the run's end; the copies the
 // commits saw before it are in progress.
 func TestGetChangesEndsTheRunWhenItsCopyFinishes(t *testing.T) {
-	r := newRig(t)
-	r.script(batch(1, 3), batch(4, 6), batch(7, 9), batch(10, 12))
-	r.src.copyOf = func(n int) *source.CopyProgress {
-		return &source.CopyProgress{Kind: source.CopySnapshot, ID: "snapshot-1", Tables: 1, Rows: int64(3 * n), Done: n >= 2}
+	for _, tt := range []struct {
+		name string
+		// copyOf is the reader's copy after n reads.
+		copyOf func(n int) *source.CopyProgress
+		want   string
+	}{
+		{"seen under way, then done", func(n int) *source.CopyProgress {
+			return &source.CopyProgress{Kind: source.CopySnapshot, ID: "snapshot-1", Tables: 1, Rows: int64(3 * n), Done: n >= 2}
+		}, StoppedCopyFinished},
+		{"one chunk: done at the first read, rows handed out", func(n int) *source.CopyProgress {
+			return &source.CopyProgress{Kind: source.CopySnapshot, ID: "snapshot-1", Tables: 1, Rows: 3, Done: true}
+		}, StoppedCopyFinished},
+		{"found complete as the reader opened", func(n int) *source.CopyProgress {
+			return &source.CopyProgress{Kind: source.CopySnapshot, ID: "snapshot-1", Tables: 1, TablesDone: 1, Done: true}
+		}, StoppedRunEnded},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.script(batch(1, 3), batch(4, 6), batch(7, 9), batch(10, 12))
+			r.src.copyOf = tt.copyOf
+			res, err := r.run(r.activityEnv(context.Background()), input())
+			require.NoError(t, err)
+			require.Equal(t, tt.want, res.Stopped)
+			require.NotNil(t, res.Copy)
+			require.True(t, res.Copy.Done)
+			require.Equal(t, "snapshot-1", res.Copy.ID)
+			if tt.want == StoppedCopyFinished {
+				require.LessOrEqual(t, res.Checkpoint.Compare(cp(9)), 0, "the run ended after the copy's last chunk (and a batch read ahead), not at its deadline: %s", res.Checkpoint)
+			} else {
+				require.Equal(t, cp(12), res.Checkpoint, "a copy the run did not make does not end it")
+			}
+		})
 	}
-	res, err := r.run(r.activityEnv(context.Background()), input())
-	require.NoError(t, err)
-	require.Equal(t, StoppedCopyFinished, res.Stopped)
-	require.NotNil(t, res.Copy)
-	require.True(t, res.Copy.Done)
-	require.Equal(t, "snapshot-1", res.Copy.ID)
-	require.LessOrEqual(t, res.Checkpoint.Compare(cp(9)), 0, "the run ended after the copy's last chunk (and a batch read ahead), not at its deadline: %s", res.Checkpoint)
 }
 
 // snapshotterSource is a fakeSource that takes snapshot jobs, answering
