@@ -412,3 +412,25 @@ func addTo(m map[string]string, tablet string, err error) map[string]string {
 	m[tablet] = err.Error()
 	return m
 }
+
+// SetTablesInput makes a stream read exactly Tables
+// (source.TableChanger).
+type SetTablesInput struct {
+	Stream string        `json:"stream"`
+	Source config.Source `json:"source"`
+	Tables []string      `json:"tables"`
+}
+
+// SetTables changes the tables a stream reads at the source. An error the
+// source classifies as Fatal (a table not there, a kind that cannot) is
+// non-retryable; any other is retried.
+func (a *Activities) SetTables(ctx context.Context, in SetTablesInput) error {
+	src, tc, err := sourceAs[source.TableChanger](a, in.Source, "change the tables of a running stream")
+	if err != nil {
+		return err
+	}
+	if err := tc.SetTables(ctx, in.Stream, in.Tables); err != nil {
+		return classified(src, err)
+	}
+	return nil
+}

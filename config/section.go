@@ -128,6 +128,9 @@ type Kind struct {
 	// AdhocSnapshot: the source can copy named tables of a running stream
 	// again (source.Snapshotter).
 	AdhocSnapshot bool
+	// TableChange: the tables a running stream reads can change (the
+	// configure command's source.tables; source.TableChanger).
+	TableChange bool
 }
 
 // NewKind is the Kind of an adapter whose sections parse into a T.
@@ -155,6 +158,36 @@ func (k Kind) WithResync() Kind {
 func (k Kind) WithAdhocSnapshot() Kind {
 	k.AdhocSnapshot = true
 	return k
+}
+
+// WithTableChange is k for a source whose running streams can change the
+// tables they read (source.TableChanger).
+func (k Kind) WithTableChange() Kind {
+	k.TableChange = true
+	return k
+}
+
+// WithTables returns the section reading tables instead: Tables and the
+// "tables" key of Spec both changed (the rest of Spec as given).
+func (s Source) WithTables(tables []string) (Source, error) {
+	out := s
+	out.Tables = slices.Clone(tables)
+	if len(s.Spec) == 0 {
+		return out, nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(s.Spec, &fields); err != nil {
+		return s, fmt.Errorf("source: %w", err)
+	}
+	b, err := json.Marshal(tables)
+	if err != nil {
+		return s, err
+	}
+	fields["tables"] = b
+	if out.Spec, err = json.Marshal(fields); err != nil {
+		return s, err
+	}
+	return out, nil
 }
 
 // SectionOf returns the section that v (an adapter's config) encodes to:

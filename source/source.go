@@ -120,6 +120,19 @@ type Snapshotter interface {
 	CancelSnapshot(ctx context.Context, stream, tablet, id string) error
 }
 
+// TableChanger is a source whose running streams can change the tables
+// they read (the operator's configure with source.tables).
+type TableChanger interface {
+	// SetTables makes stream read exactly tables from then on, on every
+	// tablet: changes of a table added are delivered from the call's
+	// return on (its rows from before come by a Snapshotter job the
+	// caller asks for next), a table removed is delivered no more. It
+	// checks every table first and changes nothing when one cannot be
+	// read (a Fatal error naming it). A second call with the same tables
+	// changes nothing.
+	SetTables(ctx context.Context, stream string, tables []string) error
+}
+
 // SnapshotJob is an ad-hoc snapshot of a tablet: its tables, named as the
 // source's config names them.
 type SnapshotJob struct {

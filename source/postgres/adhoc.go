@@ -73,18 +73,21 @@ func jobKey(shard, id string) string { return shard + "#snapshot/" + id }
 // Snapshot records job for shard tablet of stream. Its tables must be ones
 // the stream reads (source.tables).
 func (s *Source) Snapshot(ctx context.Context, stream, tablet string, job source.SnapshotJob) error {
-	if err := s.checkJob(job); err != nil {
+	if err := checkJob(job, nil); err != nil {
 		return err
 	}
 	sh, err := s.shardOf(tablet)
 	if err != nil {
 		return err
 	}
-	recorded, err := s.changeJob(ctx, stream, sh, func(cur *adhocJob) (*adhocJob, bool) {
-		if cur != nil && cur.ID == job.ID {
-			return cur, false
+	recorded, err := s.changeJob(ctx, stream, sh, func(m *streamMeta) (*adhocJob, bool, error) {
+		if cur := m.Adhoc; cur != nil && cur.ID == job.ID {
+			return cur, false, nil
 		}
-		return &adhocJob{ID: job.ID, Tables: slices.Clone(job.Tables)}, true
+		if err := checkJob(job, s.tablesOf(*m)); err != nil {
+			return nil, false, err
+		}
+		return &adhocJob{ID: job.ID, Tables: slices.Clone(job.Tables)}, true, nil
 	})
 	if err == nil && !recorded {
 		err = fmt.Errorf("%w: stream %s has no publication on shard %s's primary %s to snapshot", errPublication, stream, sh.id, s.primary(sh).cfg.Alias)
@@ -92,9 +95,9 @@ func (s *Source) Snapshot(ctx context.Context, stream, tablet string, job source
 	return err
 }
 
-// checkJob refuses a job without an id or tables, or with a table the
-// stream does not read.
-func (s *Source) checkJob(job source.SnapshotJob) error {
+// checkJob refuses a job without an id or tables, or, with reads, a
+// table the stream does not read (errTables).
+func checkJob(job source.SnapshotJob, reads []string) error {
 	switch {
 	case job.ID == "":
 		return fmt.Errorf("snapshot job: no id")
@@ -102,8 +105,8 @@ func (s *Source) checkJob(job source.SnapshotJob) error {
 		return fmt.Errorf("snapshot job %s: no tables", job.ID)
 	}
 	for _, t := range job.Tables {
-		if !slices.Contains(s.cfg.Tables, t) {
-			return fmt.Errorf("snapshot job %s: %s is not a table the stream reads (source.tables: %v)", job.ID, t, s.cfg.Tables)
+		if reads != nil && !slices.Contains(reads, t) {
+			return fmt.Errorf("%w: snapshot job %s: %s is not a table the stream reads (source.tables: %v)", errTables, job.ID, t, reads)
 		}
 	}
 	return nil
@@ -116,13 +119,14 @@ func (s *Source) CancelSnapshot(ctx context.Context, stream, tablet, id string) 
 	if err != nil {
 		return err
 	}
-	_, err = s.changeJob(ctx, stream, sh, func(cur *adhocJob) (*adhocJob, bool) {
+	_, err = s.changeJob(ctx, stream, sh, func(m *streamMeta) (*adhocJob, bool, error) {
+		cur := m.Adhoc
 		if !cur.live() || cur.ID != id {
-			return cur, false
+			return cur, false, nil
 		}
 		ended := *cur
 		ended.Ended = "cancelled"
-		return &ended, true
+		return &ended, true, nil
 	})
 	return err
 }
@@ -131,7 +135,7 @@ func (s *Source) CancelSnapshot(ctx context.Context, stream, tablet, id string) 
 // as change makes it of the recorded one (nil: none), and, when it is
 // changed, deletes the progress of the shard's jobs with it. recorded is
 // false when the stream has no publication on the shard.
-func (s *Source) changeJob(ctx context.Context, stream string, sh *shard, change func(cur *adhocJob) (*adhocJob, bool)) (recorded bool, err error) {
+func (s *Source) changeJob(ctx context.Context, stream string, sh *shard, change func(m *streamMeta) (*adhocJob, bool, error)) (recorded bool, err error) {
 	prim := s.primary(sh)
 	pool, err := prim.poolOf()
 	if err != nil {
@@ -152,9 +156,9 @@ func (s *Source) changeJob(ctx context.Context, stream string, sh *shard, change
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		return rewrite(ctx, tx, f.names.pub, func(m *streamMeta) (bool, error) {
-			next, changed := change(m.Adhoc)
-			if !changed {
-				return false, nil
+			next, changed, err := change(m)
+			if err != nil || !changed {
+				return false, err
 			}
 			m.Adhoc = next
 			return true, clearJobs(ctx, tx, stream, sh.id)
@@ -166,26 +170,30 @@ func (s *Source) changeJob(ctx context.Context, stream string, sh *shard, change
 	return true, nil
 }
 
-// recordedJob is the shard's job as its primary records it now: nil when
-// there is none, or the primary does not answer (within connectTimeout: a
-// later reader copies the job).
-func (r *Reader) recordedJob(ctx context.Context, stream string) *adhocJob {
+// recordedJob is the shard's record as its primary has it now, for its
+// job (Adhoc nil when there is none, or the primary does not answer within
+// connectTimeout: a later reader copies the job) and the tables the stream
+// reads.
+func (r *Reader) recordedJob(ctx context.Context, stream string) streamMeta {
 	jctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	f, err := r.src.primary(r.sh).find(jctx, stream)
 	if err != nil || !f.exists || f.names != r.names {
-		return nil
+		return streamMeta{}
 	}
-	return f.meta.Adhoc
+	return f.meta
 }
 
-// openJob resumes (or begins) job's copy, of its tables that the stream
-// still reads; nil when the job is not live or its copy is complete.
-func (r *Reader) openJob(ctx context.Context, stream string, job *adhocJob) (*snapshot, error) {
+// openJob resumes (or begins) the copy of m's job, of its tables that the
+// stream still reads (by m: a table removed since is not copied); nil when
+// the job is not live or its copy is complete.
+func (r *Reader) openJob(ctx context.Context, stream string, m streamMeta) (*snapshot, error) {
+	job := m.Adhoc
 	if !job.live() {
 		return nil, nil
 	}
-	tables := slices.DeleteFunc(slices.Clone(job.Tables), func(t string) bool { return !slices.Contains(r.src.cfg.Tables, t) })
+	reads := r.src.tablesOf(m)
+	tables := slices.DeleteFunc(slices.Clone(job.Tables), func(t string) bool { return !slices.Contains(reads, t) })
 	if len(tables) == 0 {
 		return nil, nil
 	}

@@ -87,6 +87,8 @@ func (e *timelineError) Unwrap() error { return errTimeline }
 //	network errors, timeouts, other 40001/55000  → RetrySame
 //	42704 (a slot or the publication gone since the reader's start
 //	checked both; the next start tells which)    → RetrySame UNDEFINED_OBJECT
+//	a table of a new source.tables not there or without a primary key
+//	(SetTables), or a snapshot job's table not one the stream reads → Fatal BAD_TABLES
 //	publication missing or not publishing what the stream reads,
 //	28000, 28P01, 42501, a DSN variable not set,
 //	a bad checkpoint, an unknown tablet or replica → Fatal
@@ -111,6 +113,8 @@ func Classify(err error) source.Classification {
 		return c(source.RetrySame, "COMMIT_NOT_VISIBLE")
 	case errors.Is(err, errPublication):
 		return c(source.Fatal, "PUBLICATION_MISSING")
+	case errors.Is(err, errTables):
+		return c(source.Fatal, "BAD_TABLES")
 	case errors.Is(err, errNoDSN):
 		return c(source.Fatal, "NO_DSN")
 	case errors.Is(err, source.ErrBadCheckpoint):

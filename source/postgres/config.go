@@ -36,7 +36,7 @@ type ShardReplica struct {
 
 // Adapter is the PostgreSQL source's kind "postgres".
 var Adapter = source.Adapter{
-	Kind: config.NewKind("postgres", ParseConfig).WithSnapshot().WithResync().WithAdhocSnapshot(),
+	Kind: config.NewKind("postgres", ParseConfig).WithSnapshot().WithResync().WithAdhocSnapshot().WithTableChange(),
 	Open: source.OpenParsed(ParseConfig, func(c Config) (source.Source, error) { return New(c, nil) }),
 }
 

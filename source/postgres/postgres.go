@@ -426,6 +426,10 @@ type streamMeta struct {
 	ResyncAt pglogrepl.LSN `json:"resyncAt,omitempty"`
 	// Adhoc: the shard's last ad-hoc snapshot job (Source.Snapshot).
 	Adhoc *adhocJob `json:"adhoc,omitempty"`
+	// Tables the stream reads, as its publication publishes them: set at
+	// its creation and by SetTables; empty in a record of a version
+	// before (the config's are read then).
+	Tables []string `json:"tables,omitempty"`
 }
 
 // EnsureStream creates, on every shard, the stream's publication on the
@@ -485,6 +489,13 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 		}
 	}
 	if f.meta.Start != 0 {
+		if t := f.meta.Tables; len(t) > 0 && !slices.Equal(slices.Sorted(slices.Values(t)), slices.Sorted(slices.Values(spec.Tables))) {
+			// Changed by configure since the config was written: the
+			// operator's file is out of date (the stream would read tables
+			// it does not name, or miss ones it names).
+			return streamMeta{}, fmt.Errorf("%w: source.tables %v, but stream %s exists on %s reading %v (changed by configure); start it with those, or drop its source-side stream first",
+				errTables, spec.Tables, stream, prim.cfg.Alias, t)
+		}
 		return f.meta, nil // slots lost since are re-made by their readers
 	}
 	var start pglogrepl.LSN
@@ -503,7 +514,7 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 		return streamMeta{}, fmt.Errorf("read timeline on %s: %w", prim.cfg.Alias, err)
 	}
 	m := streamMeta{Start: start, Timeline: tli, Created: time.Now().UTC().Truncate(time.Second),
-		Snapshot: spec.StartFrom == source.StartSnapshot, Stream: stream}
+		Snapshot: spec.StartFrom == source.StartSnapshot, Stream: stream, Tables: slices.Clone(spec.Tables)}
 	if m.Snapshot {
 		if err := ensureProgressTable(ctx, prim); err != nil {
 			return streamMeta{}, err

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -43,11 +44,15 @@ func (e *publicationError) Error() string {
 func (e *publicationError) Unwrap() error { return errPublication }
 
 // publicationLacks checks the stream's publication on the server against
-// the configured tables: a *publicationError says what it lacks, nil that
-// it publishes them all. A table counts as published when the publication
-// names it, its schema or all tables (a partitioned table named in a
-// publication is listed by its partitions in pg_publication_tables).
-func (r *replica) publicationLacks(ctx context.Context, n names, tables []string) (*publicationError, error) {
+// the tables the stream reads: the ones its record names (Source.tablesOf;
+// configured, the fallback, for a record without them), read in the same
+// snapshot as the publication, so that a SetTables committing meanwhile is
+// seen whole or not at all. A *publicationError says what it lacks, nil
+// that it publishes them all. A table counts as published when the
+// publication names it, its schema or all tables (a partitioned table
+// named in a publication is listed by its partitions in
+// pg_publication_tables).
+func (r *replica) publicationLacks(ctx context.Context, n names, configured []string) (*publicationError, error) {
 	pool, err := r.poolOf()
 	if err != nil {
 		return nil, err
@@ -55,7 +60,20 @@ func (r *replica) publicationLacks(ctx context.Context, n names, tables []string
 	pub := n.pub
 	var insert, update, del, truncate bool
 	var unpublished []string
-	err = pool.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var comment *string
+		if err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment); err != nil {
+			return err
+		}
+		var m streamMeta
+		if comment != nil {
+			_ = json.Unmarshal([]byte(*comment), &m)
+		}
+		tables := configured
+		if len(m.Tables) > 0 {
+			tables = m.Tables
+		}
+		return tx.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
 		ARRAY(SELECT t FROM unnest($2::text[]) t WHERE NOT (p.puballtables
 			OR EXISTS (SELECT FROM pg_publication_tables pt
 				WHERE pt.pubname = p.pubname AND pt.schemaname || '.' || pt.tablename = t)
@@ -65,6 +83,7 @@ func (r *replica) publicationLacks(ctx context.Context, n names, tables []string
 			OR EXISTS (SELECT FROM pg_publication_namespace pn JOIN pg_namespace n ON n.oid = pn.pnnspid
 				WHERE pn.pnpubid = p.oid AND n.nspname = split_part(t, '.', 1))))
 		FROM pg_publication p WHERE p.pubname = $1`, pub, tables).Scan(&insert, &update, &del, &truncate, &unpublished)
+	})
 	e := &publicationError{pub: pub, alias: r.cfg.Alias, tables: unpublished}
 	if errors.Is(err, pgx.ErrNoRows) {
 		e.missing = true

@@ -237,11 +237,10 @@ func (r *Reader) openSnapshot(ctx context.Context, stream string, meta streamMet
 			return snap, err
 		}
 	}
-	job := meta.Adhoc
 	if r.rep != r.src.primary(r.sh) {
-		job = r.recordedJob(ctx, stream)
+		meta = r.recordedJob(ctx, stream)
 	}
-	return r.openJob(ctx, stream, job)
+	return r.openJob(ctx, stream, meta)
 }
 
 // openCopy resumes (or begins) copy c after its last acked chunk; nil when
