@@ -293,11 +293,17 @@ func (s *stream) configure(ctx workflow.Context, raw json.RawMessage, apply bool
 	// Decoded onto a deep copy of the live tunables: decoding straight onto
 	// them would write through their shared slices, so even a rejected
 	// update would change the stream.
-	t, err := cloneTunables(s.cfg.Tunables())
+	cur, err := cloneTunables(s.cfg.Tunables())
 	if err != nil {
 		return err
 	}
-	if err := decodeCommand(raw, &t); err != nil {
+	req, err := decodeConfigure(raw, cur)
+	if err != nil {
+		return err
+	}
+	t := req.Tunables
+	added, removed, err := s.checkTablesChange(req)
+	if err != nil {
 		return err
 	}
 	if !apply {
@@ -308,6 +314,16 @@ func (s *stream) configure(ctx workflow.Context, raw json.RawMessage, apply bool
 	}
 	if err := t.Validate(); err != nil {
 		return err
+	}
+	if req.Source != nil {
+		if len(added)+len(removed) > 0 {
+			if err := s.changeTables(ctx, req, added, removed); err != nil {
+				return err
+			}
+		}
+		if sameTunables(t, s.cfg.Tunables()) {
+			return nil // the tablets have these already
+		}
 	}
 	s.st.Tunables = &t
 	s.applyTunables()
@@ -323,6 +339,13 @@ func cloneTunables(t config.Tunables) (config.Tunables, error) {
 		err = json.Unmarshal(b, &out)
 	}
 	return out, err
+}
+
+// sameTunables reports whether a and b are the same tunables.
+func sameTunables(a, b config.Tunables) bool {
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(ja) == string(jb)
 }
 
 // applyTunables puts the operator's configure on top of the config.

@@ -63,7 +63,7 @@ func TestRecordScriptedHistories(t *testing.T) {
 	for name, fn := range map[string]any{
 		"EnsureStream": f.EnsureStream, "ReadTopology": f.ReadTopology, "ReadTopologyAndPick": f.ReadTopologyAndPick,
 		"CheckTablets": f.CheckTablets, "SelectReplica": f.SelectReplica, "GetChanges": f.GetChanges, "DeleteStream": f.DeleteStream,
-		"Resync": f.Resync, "Snapshot": f.Snapshot,
+		"Resync": f.Resync, "Snapshot": f.Snapshot, "SetTables": f.SetTables,
 	} {
 		w.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
 	}
@@ -233,6 +233,30 @@ func TestRecordScriptedHistories(t *testing.T) {
 		r.record(tab, "tablet-snapshot-reopen-stopped")
 	})
 
+	// changeSourceTables: the operator adds a table with configure's
+	// source.tables; the stream makes the change at the source (the
+	// SetTables activity), then backfills the table with a snapshot,
+	// which the tablet copies; then the operator removes it again (no
+	// backfill), and the stream stops.
+	t.Run("source-tables", func(t *testing.T) {
+		const stream = "tableme"
+		r.startConfig(stream, snapshotRecordConfig)
+		r.waitStream(stream, "t-0001 streaming", func(st workflows.StreamStatus) bool {
+			return len(st.Tablets) == 1 && st.Tablets[0].State == workflows.Streaming
+		})
+		r.update(stream, workflows.CmdConfigure, "add", `{"source": {"tables": ["public.orders", "public.items", "public.extra"]}, "reason": "recorded"}`)
+		r.waitStreamWithin(3*time.Minute, stream, "the table added and backfilled", func(st workflows.StreamStatus) bool {
+			return st.TablesChange != nil && st.TablesChange.State == workflows.TablesDone &&
+				st.Snapshot != nil && st.Snapshot.State == workflows.SnapshotDone
+		})
+		r.update(stream, workflows.CmdConfigure, "remove", `{"source": {"tables": ["public.orders", "public.items"]}}`)
+		r.waitStream(stream, "the table removed", func(st workflows.StreamStatus) bool {
+			return st.TablesChange.ID == "tables-2" && st.TablesChange.State == workflows.TablesDone
+		})
+		r.stop(stream)
+		r.record(stream, "stream-source-tables-stopped")
+	})
+
 	// changeRetryAfterClose: the operator retries a tablet that reported
 	// Failed while its workflow has not closed yet; the stream starts its
 	// new workflow once the old one closed; then the stream stops.
@@ -337,6 +361,17 @@ func (r *recorder) waitTablet(id, what string, cond func(workflows.TabletStatus)
 func (r *recorder) signal(stream, name, payload string) {
 	r.t.Helper()
 	require.NoError(r.t, r.c.SignalWorkflow(context.Background(), stream, "", name, json.RawMessage(payload)))
+}
+
+// update sends an operator command as an update, of id, and waits for
+// it to be applied.
+func (r *recorder) update(stream, name, id, payload string) {
+	r.t.Helper()
+	h, err := r.c.UpdateWorkflow(context.Background(), client.UpdateWorkflowOptions{
+		WorkflowID: stream, UpdateID: id, UpdateName: name, Args: []any{json.RawMessage(payload)}, WaitForStage: client.WorkflowUpdateStageCompleted,
+	})
+	require.NoError(r.t, err)
+	require.NoError(r.t, h.Get(context.Background(), nil))
 }
 
 // waitStream polls a stream's status query until cond holds, for up to a
@@ -455,6 +490,9 @@ func (f *scripted) SelectReplica(_ context.Context, in activities.SelectReplicaI
 func (f *scripted) Resync(context.Context, activities.ResyncInput) (source.Checkpoint, error) {
 	return source.Checkpoint{Term: 2}, nil
 }
+
+// SetTables takes every change.
+func (f *scripted) SetTables(context.Context, activities.SetTablesInput) error { return nil }
 
 // Snapshot takes every job (and cancel).
 func (f *scripted) Snapshot(_ context.Context, in activities.SnapshotInput) (activities.SnapshotResult, error) {

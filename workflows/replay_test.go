@@ -127,6 +127,9 @@ var recorded = map[string]recording{
 	// TestRecordScriptedHistories).
 	"stream-snapshot-stopped.json":        {"snapme", "277a6454a91c0fbfabf3c551408a61b1c5a496edf7f7f9e3958c3ce0cfa7793f"},
 	"tablet-snapshot-reopen-stopped.json": {"snapme/tablet/t-0001", "9aef074d2c20b7f82cae9fd3e89f64960148012758e83a74125892d1fbf900ac"},
+	// changeSourceTables: a table added by configure (published, then
+	// backfilled by a snapshot), then removed.
+	"stream-source-tables-stopped.json": {"tableme", "caed93f8df62e1aaa26fd8ad7afc481e4cf499f6f792f14a05a74bfe6a37fb4c"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -53,9 +53,10 @@ func StreamWorkflow(ctx workflow.Context, cfg json.RawMessage, state *StreamStat
 			s.st.Exclude = s.st.Exclude.Add(e)
 		}
 	}
-	s.applyTunables()
-	s.deriveIntents()
 	s.log = log.With(workflow.GetLogger(ctx), "stream", s.id)
+	s.applyTunables()
+	s.applyTables()
+	s.deriveIntents()
 	return s.run(ctx)
 }
 
@@ -102,6 +103,10 @@ type stream struct {
 	// snapshotBusy, that one runs.
 	snapshots    workflow.Channel
 	snapshotBusy bool
+	// published takes what the SetTables activities came back with;
+	// publishBusy, that one runs.
+	published   workflow.Channel
+	publishBusy bool
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.
@@ -239,6 +244,8 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 	s.resumeResyncs(ctx)
 	s.snapshots = workflow.NewChannel(ctx)
 	s.driveSnapshot(false)
+	s.published = workflow.NewChannel(ctx)
+	s.drivePublish(false)
 	for {
 		if err := ctx.Err(); err != nil {
 			return temporal.NewCanceledError("stream cancelled")
@@ -285,6 +292,11 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 			var r snapshotted
 			c.Receive(ctx, &r)
 			s.onSnapshotted(ctx, r)
+		})
+		sel.AddReceive(s.published, func(c workflow.ReceiveChannel, _ bool) {
+			var r published
+			c.Receive(ctx, &r)
+			s.onPublished(ctx, r)
 		})
 		sel.AddReceive(s.starts, func(c workflow.ReceiveChannel, _ bool) {
 			var r startResult
@@ -673,7 +685,7 @@ func (s *stream) exclusions(now time.Time) config.ExcludeList { return s.st.Excl
 // status is the `status` query; a paused tablet's retention counts down.
 func (s *stream) status(now time.Time) StreamStatus {
 	out := StreamStatus{Stream: s.id, Tablets: []TabletStatus{}, Exclude: s.st.Exclude, Rejected: s.st.Rejected, Topology: s.st.Topology,
-		Checks: s.st.Checks, Snapshot: s.st.Snapshot}
+		Checks: s.st.Checks, Snapshot: s.st.Snapshot, TablesChange: s.st.TablesChange}
 	if out.Exclude == nil {
 		out.Exclude = config.ExcludeList{}
 	}

@@ -108,6 +108,9 @@ func (s *stream) snapshot(ctx workflow.Context, raw json.RawMessage, apply bool)
 	if err := s.snapshotAllowed(); err != nil {
 		return err
 	}
+	if tc := s.st.TablesChange; tc != nil && tc.State == TablesPublishing {
+		return fmt.Errorf("the tables the stream reads are changing (%s); ask again once the change is done", tc.ID)
+	}
 	if len(req.Tables) == 0 {
 		return fmt.Errorf("tables: name the tables to copy (from source.tables %v)", s.cfg.Source.Tables)
 	}
@@ -152,6 +155,13 @@ func (s *stream) snapshot(ctx workflow.Context, raw json.RawMessage, apply bool)
 	if err := s.snapshotsVersioned(ctx); err != nil {
 		return err
 	}
+	s.beginSnapshot(ctx, req.Tables, tablets, req.Reason)
+	return nil
+}
+
+// beginSnapshot starts a snapshot of tables on tablets (sorted): the
+// operator's, or the backfill of tables added to the stream.
+func (s *stream) beginSnapshot(ctx workflow.Context, tables, tablets []string, reason string) *Snapshot {
 	s.st.SnapshotSeq++
 	id := fmt.Sprintf("snapshot-%d", s.st.SnapshotSeq)
 	key := id
@@ -159,11 +169,11 @@ func (s *stream) snapshot(ctx workflow.Context, raw json.RawMessage, apply bool)
 		key += "@" + run
 	}
 	s.st.Snapshot = &Snapshot{
-		ID: id, Key: key, Tables: slices.Clone(req.Tables), Tablets: tablets,
-		Reason: req.Reason, State: SnapshotRunning, Asked: workflow.Now(ctx), Todo: slices.Clone(tablets),
+		ID: id, Key: key, Tables: slices.Clone(tables), Tablets: tablets,
+		Reason: reason, State: SnapshotRunning, Asked: workflow.Now(ctx), Todo: slices.Clone(tablets),
 	}
 	s.driveSnapshot(false)
-	return nil
+	return s.st.Snapshot
 }
 
 // snapshotsVersioned asks for changeSnapshot. A run replayed from before

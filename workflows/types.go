@@ -116,6 +116,9 @@ type StreamStatus struct {
 	Checks *TopologyTrouble `json:"checks,omitempty"`
 	// Snapshot is the stream's last ad-hoc snapshot, if any.
 	Snapshot *Snapshot `json:"snapshot,omitempty"`
+	// TablesChange is the last change of the tables the stream reads
+	// (configure's source.tables), if any.
+	TablesChange *TablesChange `json:"tablesChange,omitempty"`
 }
 
 // TopologyTrouble says why and since when the stream cannot list its
@@ -170,6 +173,10 @@ type StreamState struct {
 	// Snapshot is the last ad-hoc snapshot; SnapshotSeq numbers them.
 	Snapshot    *Snapshot `json:"snapshot,omitempty"`
 	SnapshotSeq int       `json:"snapshotSeq,omitempty"`
+	// TablesChange is the last change of the tables the stream reads;
+	// TablesSeq numbers them.
+	TablesChange *TablesChange `json:"tablesChange,omitempty"`
+	TablesSeq    int           `json:"tablesSeq,omitempty"`
 }
 
 // TabletInput starts a TabletWorkflow. It carries what the tablet needs,

@@ -205,4 +205,9 @@ const (
 	// next periodic report. Asked for at the first copy a tablet
 	// finishes.
 	changeCopyReports = "copy-reports"
+
+	// changeSourceTables: configure's source.tables (stream_tables.go)
+	// runs the SetTables activity and then a snapshot of the tables
+	// added. Asked for at the first change of tables a stream applies.
+	changeSourceTables = "source-tables"
 )
