@@ -58,13 +58,30 @@ func operator(name string, args []string, stdout, stderr io.Writer) error {
 		drop := fs.Bool("drop-source-stream", false, "also delete the source-side stream, so it holds no history")
 		payload = func() (any, error) { return workflows.StopRequest{DropSourceStream: *drop}, nil }
 	case workflows.CmdConfigure:
-		file := fs.String("f", "", "JSON file with any of selection, retry, autoExcludeTTL, batch, run (required)")
+		file := fs.String("f", "", "JSON file with any of selection, retry, autoExcludeTTL, batch, run")
+		tables := fs.String("tables", "", "comma-separated tables the stream reads from now on (source.tables)")
+		reason := fs.String("reason", "", "why the tables change, shown in the status")
 		payload = func() (any, error) {
-			if *file == "" {
-				return nil, usageError{errors.New("configure: -f is required")}
+			if *file == "" && *tables == "" {
+				return nil, usageError{errors.New("configure: give -f, --tables or both")}
 			}
-			b, err := os.ReadFile(*file)
-			return json.RawMessage(b), err
+			req := map[string]any{}
+			if *file != "" {
+				b, err := os.ReadFile(*file)
+				if err != nil {
+					return nil, err
+				}
+				if err := json.Unmarshal(b, &req); err != nil {
+					return nil, fmt.Errorf("%s: %w", *file, err)
+				}
+			}
+			if *tables != "" {
+				req["source"] = workflows.SourceChange{Tables: split(*tables)}
+			}
+			if *reason != "" {
+				req["reason"] = *reason
+			}
+			return req, nil
 		}
 	}
 	id, err := parseID(fs, args)

@@ -40,7 +40,9 @@ const usage = `usage:
   starter snapshot ID --tables S.T1,S.T2 [--tablets T1,T2] [--reason R]   copy tables again while streaming
   starter snapshot-cancel ID [--reason R]
   starter stop ID [--drop-source-stream]
-  starter configure ID -f TUNABLES.json    selection, retry, autoExcludeTTL, batch, run
+  starter configure ID [-f TUNABLES.json] [--tables S.T1,S.T2] [--reason R]
+                                           tunables (selection, retry, autoExcludeTTL, batch, run)
+                                           and/or the tables the stream reads (added ones are backfilled)
 Operator commands run as updates (a bad request is an error here); --signal
 sends them as signals instead.
 connection flags (every command): --address --namespace --api-key --tls-ca --tls-cert --tls-key,
@@ -235,6 +237,16 @@ func printStatus(w io.Writer, st workflows.StreamStatus, prev map[string]int64, 
 			t.Records, rate, t.LagSeconds, t.Attempt, len(t.Excluded), truncate(why, 80))
 	}
 	_ = tw.Flush()
+	if tc := st.TablesChange; tc != nil {
+		fmt.Fprintf(w, "tables %s: %s, %s -> %s (added %s, removed %s; asked %s)\n", tc.ID, tc.State, strings.Join(tc.From, ","),
+			strings.Join(tc.Tables, ","), dash(strings.Join(tc.Added, ",")), dash(strings.Join(tc.Removed, ",")), tc.Asked.Format(time.RFC3339))
+		if tc.Error != "" {
+			fmt.Fprintf(w, "tables %s failed: %s\n", tc.ID, tc.Error)
+		}
+		if tc.Backfill != "" {
+			fmt.Fprintf(w, "tables %s: the tables added are backfilled by %s\n", tc.ID, tc.Backfill)
+		}
+	}
 	if sn := st.Snapshot; sn != nil {
 		fmt.Fprintf(w, "snapshot %s of %s on %d tablets: %s, %d done, %d failed (asked %s)\n", sn.ID, strings.Join(sn.Tables, ","),
 			len(sn.Tablets), sn.State, len(sn.Done), len(sn.Failed), sn.Asked.Format(time.RFC3339))
