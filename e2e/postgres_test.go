@@ -36,6 +36,8 @@ type pgEnv struct {
 	// replay is pgbed.Replay, or pgbed.ReplaySnapshot for a stream that
 	// starts with a snapshot.
 	replay func([]source.Record) (pgbed.TextTables, error)
+	// tables requireShardsExact compares (nil: pgbed.Tables).
+	tables []string
 }
 
 func newPGEnv(t *testing.T, opts pgbed.Options) *pgEnv {
@@ -124,7 +126,11 @@ func (p *pgEnv) requireShardsExact(out string, within time.Duration, only ...str
 			if err != nil {
 				return false, err.Error()
 			}
-			for _, table := range pgbed.Tables {
+			tables := p.tables
+			if tables == nil {
+				tables = pgbed.Tables
+			}
+			for _, table := range tables {
 				if len(want[table]) == 0 && len(got[table]) == 0 {
 					continue
 				}
