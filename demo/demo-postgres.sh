@@ -57,6 +57,11 @@ snapshot: read lines woven into the changes), watch it finish, or cancel it:
   bin/starter snapshot pg-orders --tables public.items --reason "backfill"
   bin/starter status pg-orders                      # snapshot snapshot-1 ...: Running, then Done
   bin/starter snapshot-cancel pg-orders
+Stop reading a table, then read it again (published on every shard, its rows
+backfilled by a snapshot):
+  bin/starter configure pg-orders --tables public.orders --reason "items not needed"
+  bin/starter configure pg-orders --tables public.orders,public.items --reason "items back"
+  bin/starter status pg-orders                      # tables tables-2: Done ...; backfilled by snapshot-N
 Take a standby down (it stays down until the bed restarts):
   kill -INT \$(head -1 .data/pg/s2-standby1/data/postmaster.pid)     # zone2-s2a
 Stop the stream (dropping its replication slots), then everything:
