@@ -419,6 +419,9 @@ type SetTablesInput struct {
 	Stream string        `json:"stream"`
 	Source config.Source `json:"source"`
 	Tables []string      `json:"tables"`
+	// At is when the change was asked: it orders a stream's changes at
+	// the source.
+	At time.Time `json:"at"`
 }
 
 // SetTables changes the tables a stream reads at the source. An error the
@@ -429,7 +432,7 @@ func (a *Activities) SetTables(ctx context.Context, in SetTablesInput) error {
 	if err != nil {
 		return err
 	}
-	if err := tc.SetTables(ctx, in.Stream, in.Tables); err != nil {
+	if err := tc.SetTables(ctx, in.Stream, in.Tables, in.At); err != nil {
 		return classified(src, err)
 	}
 	return nil

@@ -124,13 +124,15 @@ type Snapshotter interface {
 // they read (the operator's configure with source.tables).
 type TableChanger interface {
 	// SetTables makes stream read exactly tables from then on, on every
-	// tablet: changes of a table added are delivered from the call's
-	// return on (its rows from before come by a Snapshotter job the
-	// caller asks for next), a table removed is delivered no more. It
-	// checks every table first and changes nothing when one cannot be
-	// read (a Fatal error naming it). A second call with the same tables
-	// changes nothing.
-	SetTables(ctx context.Context, stream string, tables []string) error
+	// tablet, for the change asked at at: changes of a table added are
+	// delivered from the call's return on (its rows from before come by a
+	// Snapshotter job the caller asks for next), a table removed is
+	// delivered no more. It checks every table first and changes nothing
+	// when one cannot be read (a Fatal error naming it); a failure after
+	// that is not Fatal (tablets may read different lists until a retry
+	// succeeds). A second call for the same change does nothing, and so
+	// does one for a change older than the last one made.
+	SetTables(ctx context.Context, stream string, tables []string, at time.Time) error
 }
 
 // SnapshotJob is an ad-hoc snapshot of a tablet: its tables, named as the

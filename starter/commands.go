@@ -65,14 +65,25 @@ func operator(name string, args []string, stdout, stderr io.Writer) error {
 			if *file == "" && *tables == "" {
 				return nil, usageError{errors.New("configure: give -f, --tables or both")}
 			}
+			// The file's fields are sent as written (RawMessage): decoded
+			// into Go values its numbers would be floats.
 			req := map[string]any{}
 			if *file != "" {
 				b, err := os.ReadFile(*file)
 				if err != nil {
 					return nil, err
 				}
-				if err := json.Unmarshal(b, &req); err != nil {
+				var fields map[string]json.RawMessage
+				if err := json.Unmarshal(b, &fields); err != nil {
 					return nil, fmt.Errorf("%s: %w", *file, err)
+				}
+				for k, v := range fields {
+					req[k] = v
+				}
+			}
+			for flag, key := range map[string]string{"tables": "source", "reason": "reason"} {
+				if _, ok := req[key]; ok && fs.Lookup(flag).Value.String() != "" {
+					return nil, usageError{fmt.Errorf("configure: %q is in %s and --%s is given; give one", key, *file, flag)}
 				}
 			}
 			if *tables != "" {

@@ -316,7 +316,7 @@ func (s *stream) configure(ctx workflow.Context, raw json.RawMessage, apply bool
 		return err
 	}
 	if req.Source != nil {
-		if len(added)+len(removed) > 0 {
+		if len(added)+len(removed) > 0 || s.tablesChanging() {
 			if err := s.changeTables(ctx, req, added, removed); err != nil {
 				return err
 			}

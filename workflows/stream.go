@@ -105,8 +105,9 @@ type stream struct {
 	snapshotBusy bool
 	// published takes what the SetTables activities came back with;
 	// publishBusy, that one runs.
-	published   workflow.Channel
-	publishBusy bool
+	published     workflow.Channel
+	publishBusy   bool
+	publishCancel workflow.CancelFunc
 	// started counts the tablet workflows this run started: a run has at
 	// most maxChildrenPerRun (see applyListing); more tablets wait for the
 	// next run, which deferred asks for at once.

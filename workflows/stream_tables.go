@@ -111,20 +111,21 @@ func (s *stream) applyTables() {
 // and removed tables.
 func (s *stream) checkTablesChange(req ConfigureRequest) (added, removed []string, err error) {
 	if req.Source == nil {
+		if req.Reason != "" {
+			return nil, nil, fmt.Errorf("reason: it is recorded with a change of tables (source.tables); the tunables take none")
+		}
 		return nil, nil, nil
 	}
 	now := s.tablesNow()
 	tables := req.Source.Tables
 	kind := config.SourceKinds()[s.cfg.Source.Kind]
-	switch tc := s.st.TablesChange; {
+	switch {
 	case !kind.TableChange:
 		return nil, nil, fmt.Errorf("source.tables: source kind %q cannot change the tables of a running stream", s.cfg.Source.Kind)
 	case s.st.Stop != nil:
 		return nil, nil, fmt.Errorf("source.tables: the stream is stopping")
 	case !s.durable():
 		return nil, nil, fmt.Errorf("source.tables: this stream's run predates changing tables: it takes one after its next continue-as-new")
-	case tc != nil && tc.State == TablesPublishing:
-		return nil, nil, fmt.Errorf("source.tables: %s (%v) is being made at the source; ask again once it is done", tc.ID, tc.Tables)
 	case len(req.Reason) > maxReasonBytes:
 		return nil, nil, fmt.Errorf("reason: %d bytes, at most %d", len(req.Reason), maxReasonBytes)
 	}
@@ -147,22 +148,40 @@ func (s *stream) checkTablesChange(req ConfigureRequest) (added, removed []strin
 			removed = append(removed, t)
 		}
 	}
-	if len(added) > 0 {
-		switch sn := s.st.Snapshot; {
-		case sn != nil && sn.State == SnapshotRunning:
-			return nil, nil, fmt.Errorf("source.tables: snapshot %s of %v is running, and the tables added are copied by a snapshot; wait for it or cancel it (snapshot-cancel)", sn.ID, sn.Tables)
-		case sn != nil && len(sn.Todo) > 0:
-			return nil, nil, fmt.Errorf("source.tables: snapshot %s is being cancelled at the source; ask again once it is", sn.ID)
-		}
+	sn := s.st.Snapshot
+	switch {
+	case len(added) > 0 && sn != nil && sn.State == SnapshotRunning:
+		return nil, nil, fmt.Errorf("source.tables: snapshot %s of %v is running, and the tables added are copied by a snapshot; wait for it or cancel it (snapshot-cancel)", sn.ID, sn.Tables)
+	case len(added) > 0 && sn != nil && len(sn.Todo) > 0:
+		return nil, nil, fmt.Errorf("source.tables: snapshot %s is being cancelled at the source; ask again once it is", sn.ID)
+	case sn != nil && sn.State == SnapshotRunning && slices.ContainsFunc(removed, func(t string) bool { return slices.Contains(sn.Tables, t) }):
+		return nil, nil, fmt.Errorf("source.tables: snapshot %s copies %v, and this removes one of them; wait for it or cancel it (snapshot-cancel)", sn.ID, sn.Tables)
 	}
 	return added, removed, nil
 }
 
+// tablesChanging reports whether a change of tables is being made at the
+// source: a new list then replaces it, even one equal to the tables it
+// changed from (which puts back the shards it changed already).
+func (s *stream) tablesChanging() bool {
+	tc := s.st.TablesChange
+	return tc != nil && tc.State == TablesPublishing
+}
+
 // changeTables applies an accepted configure's source part: the change is
-// recorded Publishing and made at the source beside the loop.
+// recorded Publishing and made at the source beside the loop. One being
+// made is replaced: its activity is cancelled, and its state kept no more
+// (the new change is made at every shard, and the source takes the newer
+// change whichever attempt comes last).
 func (s *stream) changeTables(ctx workflow.Context, req ConfigureRequest, added, removed []string) error {
 	if workflow.GetVersion(ctx, changeSourceTables, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
 		return fmt.Errorf("this stream's run predates changing tables: ask again")
+	}
+	if s.tablesChanging() {
+		s.log.Info("a change of tables replaces the one being made", "replaced", s.st.TablesChange.ID)
+		if s.publishCancel != nil {
+			s.publishCancel()
+		}
 	}
 	s.st.TablesSeq++
 	s.st.TablesChange = &TablesChange{
@@ -183,21 +202,24 @@ func (s *stream) drivePublish(later bool) {
 		return // the loop's start drives it (or nothing to make)
 	}
 	s.publishBusy = true
-	in := activities.SetTablesInput{Stream: s.id, Source: s.cfg.Source, Tables: slices.Clone(tc.Tables)}
+	in := activities.SetTablesInput{Stream: s.id, Source: s.cfg.Source, Tables: slices.Clone(tc.Tables), At: tc.Asked}
 	id := tc.ID
-	workflow.Go(s.loopCtx, func(ctx workflow.Context) {
+	var actCtx workflow.Context
+	actCtx, s.publishCancel = workflow.WithCancel(s.loopCtx)
+	workflow.Go(s.loopCtx, func(gctx workflow.Context) {
 		if later {
-			if err := workflow.Sleep(ctx, snapshotRetry); err != nil {
-				return
+			if err := workflow.Sleep(gctx, snapshotRetry); err != nil {
+				return // the run ends
 			}
 		}
+		ctx := actCtx // cancelled when a newer change replaces this one
 		var a *activities.Activities
 		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 			StartToCloseTimeout: 5 * time.Minute, Summary: "publish the tables of " + id + " at the source",
 			RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, MaximumAttempts: 20, NonRetryableErrorTypes: activities.NonRetryable},
 		})
 		r := published{ID: id}
-		if err := workflow.ExecuteActivity(actx, a.SetTables, in).Get(ctx, nil); err != nil {
+		if err := workflow.ExecuteActivity(actx, a.SetTables, in).Get(gctx, nil); err != nil {
 			// The source's whole message: its cause is a bare sentinel
 			// ("a table of source.tables cannot be streamed") without the
 			// table it names.
@@ -207,7 +229,7 @@ func (s *stream) drivePublish(later bool) {
 				r.Err = app.Message()
 			}
 		}
-		s.published.Send(ctx, r)
+		s.published.Send(gctx, r)
 	})
 }
 
@@ -216,9 +238,10 @@ func (s *stream) drivePublish(later bool) {
 // against the list fails the change (the stream reads what it read);
 // anything else is tried again later.
 func (s *stream) onPublished(ctx workflow.Context, r published) {
-	s.publishBusy = false
+	s.publishBusy, s.publishCancel = false, nil
 	tc := s.st.TablesChange
 	if tc == nil || tc.ID != r.ID || tc.State != TablesPublishing {
+		s.drivePublish(false) // a change that replaced it
 		return
 	}
 	switch {
@@ -235,6 +258,10 @@ func (s *stream) onPublished(ctx workflow.Context, r published) {
 	s.applyTables()
 	s.log.Info("the stream reads its new tables", "change", tc.ID, "tables", tc.Tables)
 	if len(tc.Added) == 0 {
+		return
+	}
+	if s.st.Stop != nil {
+		s.log.Info("tables: the stream is stopping; the tables added are not backfilled", "change", tc.ID)
 		return
 	}
 	tablets := s.live()

@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -24,6 +25,8 @@ type tablesSource struct {
 	mu    sync.Mutex
 	asked []activities.SetTablesInput
 	err   error
+	// down: a list naming it is answered with a retryable error.
+	down string
 }
 
 func (s *tablesSource) mock(env *testsuite.TestWorkflowEnvironment, after time.Duration) {
@@ -32,6 +35,9 @@ func (s *tablesSource) mock(env *testsuite.TestWorkflowEnvironment, after time.D
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			s.asked = append(s.asked, in)
+			if s.down != "" && slices.Contains(in.Tables, s.down) {
+				return errors.New("connection refused")
+			}
 			return s.err
 		}).Maybe()
 	if after > 0 {
@@ -205,8 +211,10 @@ func TestConfigureTablesIsRefusedNamingWhatIsWrong(t *testing.T) {
 		{"another source field", false, `{"source": {"tables": ["public.orders"], "shards": []}}`, nil, nil, "shards"},
 		{"a table added while a snapshot runs", false, `{"source": {"tables": ["public.orders", "public.items", "public.extra"]}}`, running, nil,
 			"snapshot snapshot-1 of [public.orders] is running"},
-		{"a change while one is made", false, `{"source": {"tables": ["public.items"]}}`, nil, publishing,
-			"source.tables: tables-1 ([public.orders]) is being made at the source"},
+		{"a table removed that a running snapshot copies", false, `{"source": {"tables": ["public.items"]}}`, running, publishing,
+			"source.tables: snapshot snapshot-1 copies [public.orders], and this removes one of them"},
+		{"a reason without tables", false, `{"reason": "why", "batch": {"maxRecords": 10}}`, nil, nil,
+			"reason: it is recorded with a change of tables"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			env := newEnv(t)
@@ -248,4 +256,47 @@ func TestPostgresSourcesCanChangeTablesTabletdOnesCannot(t *testing.T) {
 	require.True(t, config.SourceKinds()["postgres"].TableChange)
 	require.False(t, config.SourceKinds()["tabletd"].TableChange)
 	require.False(t, config.SourceKinds()["vitess"].TableChange)
+}
+
+// A change the source cannot make (a shard down: retried, Publishing) is
+// replaced by a new list, even one equal to the tables it changed from:
+// the source is told the new list (the shards the first one changed are
+// put back), and it is Done; the replaced change's late answer changes
+// nothing.
+func TestANewListReplacesAChangeTheSourceCannotMake(t *testing.T) {
+	env := newEnv(t)
+	st := snapshotStream(env, "t-0001")
+	var cmds tabletCommands
+	cmds.mock(env)
+	var snaps snapshotSource
+	snaps.mock(env, 0)
+	tabs := tablesSource{down: "public.stuck"}
+	tabs.mock(env, 0)
+	env.RegisterDelayedCallback(func() {
+		command(t, env, "update", CmdConfigure, `{"source": {"tables": ["public.orders", "public.items", "public.stuck"]}}`, func(err error) { require.NoError(t, err) })
+	}, 5*time.Second)
+	var stuck, back StreamStatus
+	env.RegisterDelayedCallback(func() {
+		stuck = queryStatus[StreamStatus](t, env)
+		env.UpdateWorkflow(CmdConfigure, "configure-2", &testsuite.TestUpdateCallback{
+			OnReject: func(err error) { require.NoError(t, err) }, OnAccept: func() {},
+			OnComplete: func(_ any, err error) { require.NoError(t, err) },
+		}, json.RawMessage(`{"source": {"tables": ["public.orders", "public.items"]}, "reason": "put it back"}`))
+	}, 2*time.Minute)
+	env.RegisterDelayedCallback(func() { back = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 3*time.Minute)
+	env.ExecuteWorkflow(StreamWorkflow, snapshotConfig(t), st)
+
+	require.Equal(t, "tables-1", stuck.TablesChange.ID)
+	require.Equal(t, TablesPublishing, stuck.TablesChange.State, "a shard down: retried")
+	tc := back.TablesChange
+	require.Equal(t, "tables-2", tc.ID)
+	require.Equal(t, TablesDone, tc.State)
+	require.Equal(t, []string{"public.orders", "public.items"}, tc.From, "from the tables read: the replaced change never was Done")
+	require.Empty(t, tc.Added)
+	require.Empty(t, tc.Backfill)
+	calls := tabs.calls()
+	last := calls[len(calls)-1]
+	require.Equal(t, []string{"public.orders", "public.items"}, last.Tables, "the source is told the list again")
+	require.True(t, last.At.After(calls[0].At), "the newer change orders after the one it replaced at the source")
+	require.Empty(t, snaps.calls())
 }

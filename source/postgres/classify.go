@@ -87,8 +87,10 @@ func (e *timelineError) Unwrap() error { return errTimeline }
 //	network errors, timeouts, other 40001/55000  → RetrySame
 //	42704 (a slot or the publication gone since the reader's start
 //	checked both; the next start tells which)    → RetrySame UNDEFINED_OBJECT
-//	a table of a new source.tables not there or without a primary key
-//	(SetTables), or a snapshot job's table not one the stream reads → Fatal BAD_TABLES
+//	SetTables failing once it has begun to change the shards → RetrySame TABLES_PARTIAL
+//	a table of a new source.tables not there, not the role's or without a
+//	primary key (SetTables), or a snapshot job's table not one the stream
+//	reads → Fatal BAD_TABLES
 //	publication missing or not publishing what the stream reads,
 //	28000, 28P01, 42501, a DSN variable not set,
 //	a bad checkpoint, an unknown tablet or replica → Fatal
@@ -113,6 +115,8 @@ func Classify(err error) source.Classification {
 		return c(source.RetrySame, "COMMIT_NOT_VISIBLE")
 	case errors.Is(err, errPublication):
 		return c(source.Fatal, "PUBLICATION_MISSING")
+	case errors.Is(err, errTablesPartial): // whatever the cause: some shards may have changed
+		return c(source.RetrySame, "TABLES_PARTIAL")
 	case errors.Is(err, errTables):
 		return c(source.Fatal, "BAD_TABLES")
 	case errors.Is(err, errNoDSN):

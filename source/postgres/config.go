@@ -64,16 +64,11 @@ func ParseConfig(section []byte) (Config, error) {
 }
 
 func (c Config) validate() error {
-	switch {
-	case len(c.Tables) == 0:
-		return config.FieldErr("tables", "must list the tables to publish, as schema.table")
-	case len(c.Shards) == 0:
-		return config.FieldErr("shards", "must list at least one shard")
+	if err := validateTables(c.Tables); err != nil {
+		return err
 	}
-	for i, t := range c.Tables {
-		if !tableRe.MatchString(t) || slices.Index(c.Tables, t) != i {
-			return config.FieldErr(fmt.Sprintf("tables[%d]", i), "%q: want schema.table (letters, digits, _), each once", t)
-		}
+	if len(c.Shards) == 0 {
+		return config.FieldErr("shards", "must list at least one shard")
 	}
 	aliases := map[string]string{}
 	for i, sh := range c.Shards {
@@ -111,6 +106,20 @@ func (c Config) validate() error {
 		}
 		if primaries != 1 {
 			return config.FieldErr(f+".replicas", "%d of type PRIMARY: want exactly one (publications are created on it)", primaries)
+		}
+	}
+	return nil
+}
+
+// validateTables checks a list of tables to publish: not empty, each
+// schema.table, each once.
+func validateTables(tables []string) error {
+	if len(tables) == 0 {
+		return config.FieldErr("tables", "must list the tables to publish, as schema.table")
+	}
+	for i, t := range tables {
+		if !tableRe.MatchString(t) || slices.Index(tables, t) != i {
+			return config.FieldErr(fmt.Sprintf("tables[%d]", i), "%q: want schema.table (letters, digits, _), each once", t)
 		}
 	}
 	return nil

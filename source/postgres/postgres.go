@@ -430,6 +430,9 @@ type streamMeta struct {
 	// its creation and by SetTables; empty in a record of a version
 	// before (the config's are read then).
 	Tables []string `json:"tables,omitempty"`
+	// TablesAt is when the change that set Tables was asked for
+	// (SetTables): an older change arriving late changes nothing.
+	TablesAt time.Time `json:"tablesAt,omitzero"`
 }
 
 // EnsureStream creates, on every shard, the stream's publication on the
@@ -475,15 +478,10 @@ func (s *Source) ensureShard(ctx context.Context, spec source.StreamSpec, sh *sh
 	}
 	n := f.names
 	if !f.exists {
-		tables := make([]string, len(spec.Tables))
-		for i, t := range spec.Tables {
-			schema, name, _ := strings.Cut(t, ".")
-			tables[i] = pgx.Identifier{schema, name}.Sanitize()
-		}
 		// TRUNCATE is published too: the reader delivers it as a record
 		// (op "truncate"), never ignored.
 		_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s')`,
-			pgx.Identifier{n.pub}.Sanitize(), strings.Join(tables, ", "), publishedOps))
+			pgx.Identifier{n.pub}.Sanitize(), tableIdents(spec.Tables), publishedOps))
 		if err != nil && !isCode(err, "42710") { // duplicate_object: a concurrent ensure
 			return streamMeta{}, fmt.Errorf("create publication on %s: %w", prim.cfg.Alias, err)
 		}

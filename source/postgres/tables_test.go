@@ -14,8 +14,9 @@ import (
 // SetTables changes what a running stream reads, and the readers follow
 // the stream's record, not the worker's config (which here names
 // public.items, a table the stream never published):
-//   - a list with a table not there, or one without a primary key, is
-//     refused as BAD_TABLES, naming it, and nothing changes;
+//   - a list with a table not there (or unlogged), not the role's, or
+//     without a primary key, is refused as BAD_TABLES, naming it, and
+//     nothing changes; a change older than the one made changes nothing;
 //   - a table added is streamed from the change on, and a snapshot job of
 //     it is taken and copied, though the config does not name it;
 //   - a table removed is streamed no more, and a reader on the standby
@@ -29,7 +30,10 @@ func TestSetTablesChangesWhatTheStreamReadsAndReadersFollowTheRecord(t *testing.
 	p := b.c.Shards[0].Primary
 	require.NoError(t, p.Exec(ctx, `CREATE TABLE public.extra (id bigint PRIMARY KEY, v text);
 		CREATE TABLE public.nokey (v text);
+		CREATE TABLE public.notmine (id bigint PRIMARY KEY);
+		CREATE UNLOGGED TABLE public.unlogged (id bigint PRIMARY KEY);
 		ALTER TABLE public.extra OWNER TO `+pgbed.User+`; ALTER TABLE public.nokey OWNER TO `+pgbed.User+`;
+		ALTER TABLE public.unlogged OWNER TO `+pgbed.User+`;
 		INSERT INTO public.extra SELECT g, 'before ' || g FROM generate_series(1, 30) g`))
 	const stream = "tables"
 	st, err := b.src.EnsureStream(ctx, source.StreamSpec{ID: stream, Tables: []string{"public.orders"}, StartFrom: source.StartLatest})
@@ -46,10 +50,12 @@ func TestSetTablesChangesWhatTheStreamReadsAndReadersFollowTheRecord(t *testing.
 	}{
 		{[]string{"public.orders", "public.nope"}, "public.nope not there"},
 		{[]string{"public.orders", "public.nokey"}, "public.nokey without a primary key"},
-		{[]string{"public.orders", "public.orders"}, "named twice"},
-		{nil, "empty"},
+		{[]string{"public.orders", "public.notmine"}, "public.notmine not owned by the stream's role"},
+		{[]string{"public.orders", "public.unlogged"}, "public.unlogged not there (or not a permanent table)"},
+		{[]string{"public.orders", "public.orders"}, "tables[1]: \"public.orders\": want schema.table (letters, digits, _), each once"},
+		{nil, "tables: must list the tables"},
 	} {
-		err := b.src.SetTables(ctx, stream, bad.tables)
+		err := b.src.SetTables(ctx, stream, bad.tables, time.Now())
 		require.ErrorContains(t, err, bad.says)
 		c := b.src.Classify(err)
 		require.Equal(t, source.Fatal, c.Action, "%v", err)
@@ -57,8 +63,10 @@ func TestSetTablesChangesWhatTheStreamReadsAndReadersFollowTheRecord(t *testing.
 		require.Equal(t, 1, published(), "nothing changed")
 	}
 
-	require.NoError(t, b.src.SetTables(ctx, stream, []string{"public.orders", "public.extra"}))
-	require.NoError(t, b.src.SetTables(ctx, stream, []string{"public.orders", "public.extra"}), "the same list again changes nothing")
+	first := time.Now()
+	require.NoError(t, b.src.SetTables(ctx, stream, []string{"public.orders", "public.extra"}, first))
+	require.NoError(t, b.src.SetTables(ctx, stream, []string{"public.orders", "public.extra"}, first), "the same change again changes nothing")
+	require.NoError(t, b.src.SetTables(ctx, stream, []string{"public.orders"}, first.Add(-time.Minute)), "an older change arriving late changes nothing")
 	require.Equal(t, 2, published())
 	require.NoError(t, p.Exec(ctx, `INSERT INTO public.extra VALUES (100, 'after'); INSERT INTO public.orders VALUES (1, 'c', 1, NULL, now())`))
 	rd := b.primaryReader(t)
@@ -76,7 +84,7 @@ func TestSetTablesChangesWhatTheStreamReadsAndReadersFollowTheRecord(t *testing.
 	require.NoError(t, rd.Close())
 	require.NoError(t, rd2.Close())
 
-	require.NoError(t, b.src.SetTables(ctx, stream, []string{"public.orders"}))
+	require.NoError(t, b.src.SetTables(ctx, stream, []string{"public.orders"}, time.Now()))
 	require.NoError(t, p.Exec(ctx, `INSERT INTO public.extra VALUES (101, 'removed'); INSERT INTO public.orders VALUES (2, 'c', 2, NULL, now())`))
 	require.NoError(t, b.c.WaitReplayed(ctx))
 	got, _ = read(t, b.reader(t, b.cfg.Shards[0].Replicas[1].Alias), stream, cp, -1)
