@@ -300,3 +300,31 @@ func TestANewListReplacesAChangeTheSourceCannotMake(t *testing.T) {
 	require.True(t, last.At.After(calls[0].At), "the newer change orders after the one it replaced at the source")
 	require.Empty(t, snaps.calls())
 }
+
+// A change still being made when the stream continued as new is made by
+// the next run, at once, with the time it was asked (which orders it at
+// the source), and backfilled once made.
+func TestARunMakesTheChangeItsStateCarries(t *testing.T) {
+	env := newEnv(t)
+	st := snapshotStream(env, "t-0001")
+	asked := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	st.TablesSeq = 1
+	st.TablesChange = &TablesChange{ID: "tables-1", From: []string{"public.orders", "public.items"},
+		Tables: []string{"public.orders", "public.items", "public.extra"}, Added: []string{"public.extra"}, State: TablesPublishing, Asked: asked}
+	var cmds tabletCommands
+	cmds.mock(env)
+	var snaps snapshotSource
+	snaps.mock(env, 0)
+	var tabs tablesSource
+	tabs.mock(env, 0)
+	var status StreamStatus
+	env.RegisterDelayedCallback(func() { status = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 5*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, snapshotConfig(t), st)
+
+	calls := tabs.calls()
+	require.Len(t, calls, 1)
+	require.True(t, calls[0].At.Equal(asked), "the change keeps the time it was asked: %v", calls[0].At)
+	require.Equal(t, TablesDone, status.TablesChange.State)
+	require.Equal(t, "snapshot-1", status.TablesChange.Backfill)
+	require.Equal(t, []string{"public.extra"}, status.Snapshot.Tables)
+}
