@@ -66,6 +66,15 @@ func configured(c *tabletCommands) int {
 	return n
 }
 
+// secondUpdate sends a second configure, which must be applied: an
+// update of its own id (command's would be taken for the first).
+func secondUpdate(t *testing.T, env *testsuite.TestWorkflowEnvironment, payload string) {
+	env.UpdateWorkflow(CmdConfigure, "configure-2", &testsuite.TestUpdateCallback{
+		OnReject: func(err error) { require.NoError(t, err) }, OnAccept: func() {},
+		OnComplete: func(_ any, err error) { require.NoError(t, err) },
+	}, json.RawMessage(payload))
+}
+
 // configure's source.tables: the change is made at the source first
 // (SetTables, with the whole new list), Publishing until then; then the
 // stream reads the new list (a snapshot of an added table is taken) and
@@ -100,11 +109,7 @@ func TestConfigureTablesPublishesThenBackfillsTheAddedOnes(t *testing.T) {
 	}, 9*time.Second)
 	env.RegisterDelayedCallback(func() {
 		added = queryStatus[StreamStatus](t, env)
-		// An update of its own id (command's would be taken for the first).
-		env.UpdateWorkflow(CmdConfigure, "configure-2", &testsuite.TestUpdateCallback{
-			OnReject: func(err error) { require.NoError(t, err) }, OnAccept: func() {},
-			OnComplete: func(_ any, err error) { require.NoError(t, err) },
-		}, json.RawMessage(`{"source": {"tables": ["public.orders"]}}`))
+		secondUpdate(t, env, `{"source": {"tables": ["public.orders"]}}`)
 	}, 10*time.Second)
 	env.RegisterDelayedCallback(func() { removed = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 14*time.Second)
 	env.ExecuteWorkflow(StreamWorkflow, snapshotConfig(t), st)
@@ -278,10 +283,7 @@ func TestANewListReplacesAChangeTheSourceCannotMake(t *testing.T) {
 	var stuck, back StreamStatus
 	env.RegisterDelayedCallback(func() {
 		stuck = queryStatus[StreamStatus](t, env)
-		env.UpdateWorkflow(CmdConfigure, "configure-2", &testsuite.TestUpdateCallback{
-			OnReject: func(err error) { require.NoError(t, err) }, OnAccept: func() {},
-			OnComplete: func(_ any, err error) { require.NoError(t, err) },
-		}, json.RawMessage(`{"source": {"tables": ["public.orders", "public.items"]}, "reason": "put it back"}`))
+		secondUpdate(t, env, `{"source": {"tables": ["public.orders", "public.items"]}, "reason": "put it back"}`)
 	}, 2*time.Minute)
 	env.RegisterDelayedCallback(func() { back = queryStatus[StreamStatus](t, env); env.CancelWorkflow() }, 3*time.Minute)
 	env.ExecuteWorkflow(StreamWorkflow, snapshotConfig(t), st)
