@@ -173,20 +173,18 @@ func (s *stream) makeResync(p PendingResync) {
 	if s.resynced == nil || p.Stopping {
 		return // made by the loop's start (resumeResyncs), or once stopped
 	}
-	workflow.Go(s.loopCtx, func(ctx workflow.Context) {
-		var a *activities.Activities
-		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-			StartToCloseTimeout: 5 * time.Minute, Summary: "resync tablet " + p.Tablet + ": its fresh start at the source",
-			RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
+	var a *activities.Activities
+	r := resyncResult{Tablet: p.Tablet, ID: p.ID}
+	s.besideLoop(s.loopCtx, 0, workflow.ActivityOptions{
+		StartToCloseTimeout: 5 * time.Minute, Summary: "resync tablet " + p.Tablet + ": its fresh start at the source",
+		RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
+	}, a.Resync, activities.ResyncInput{Stream: s.id, Source: s.cfg.Source, Tablet: p.Tablet, ID: p.ID}, &r.Start,
+		func(ctx workflow.Context, err error) {
+			if err != nil {
+				r.Err = rootMessage(err)
+			}
+			s.resynced.Send(ctx, r)
 		})
-		r := resyncResult{Tablet: p.Tablet, ID: p.ID}
-		if err := workflow.ExecuteActivity(actx, a.Resync, activities.ResyncInput{
-			Stream: s.id, Source: s.cfg.Source, Tablet: p.Tablet, ID: p.ID,
-		}).Get(ctx, &r.Start); err != nil {
-			r.Err = rootMessage(err)
-		}
-		s.resynced.Send(ctx, r)
-	})
 }
 
 // resumeResyncs makes the resyncs an earlier run left pending, and tells

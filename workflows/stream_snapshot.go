@@ -249,23 +249,52 @@ func (s *stream) driveSnapshot(later bool) {
 	if in.Cancel {
 		what = "cancel snapshot " + sn.ID + " at the source"
 	}
-	workflow.Go(s.loopCtx, func(ctx workflow.Context) {
-		if later {
-			if err := workflow.Sleep(ctx, snapshotRetry); err != nil {
+	var a *activities.Activities
+	r := snapshotted{ID: sn.ID, Cancel: in.Cancel}
+	s.besideLoop(s.loopCtx, retryWait(later), workflow.ActivityOptions{
+		StartToCloseTimeout: 10 * time.Minute, HeartbeatTimeout: time.Minute, Summary: what,
+		RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, MaximumAttempts: 20, NonRetryableErrorTypes: activities.NonRetryable},
+	}, a.Snapshot, in, &r.Res, func(ctx workflow.Context, err error) {
+		if err != nil {
+			r.Err, r.Fatal = rootMessage(err), verdict(err) != nil
+		}
+		s.snapshots.Send(ctx, r)
+	})
+}
+
+// retryWait is the wait before an activity beside the loop tells the
+// source again: snapshotRetry when later, else none.
+func retryWait(later bool) time.Duration {
+	if later {
+		return snapshotRetry
+	}
+	return 0
+}
+
+// verdict is an activity's error when it is one its retry policy does not
+// retry (a verdict, not a passing failure), else nil.
+func verdict(err error) *temporal.ApplicationError {
+	var app *temporal.ApplicationError
+	if errors.As(err, &app) && app.NonRetryable() {
+		return app
+	}
+	return nil
+}
+
+// besideLoop runs an activity of the stream beside its loop, in a
+// goroutine of its own: after wait (none when 0), under ctx (the loop's,
+// or one cancelled when the activity is no longer wanted), its result
+// into out; then done, in that goroutine, takes the activity's error and
+// sends the outcome to the loop's channel. A run that ends during the
+// wait sends nothing.
+func (s *stream) besideLoop(ctx workflow.Context, wait time.Duration, opts workflow.ActivityOptions, activity, in, out any, done func(ctx workflow.Context, err error)) {
+	workflow.Go(s.loopCtx, func(gctx workflow.Context) {
+		if wait > 0 {
+			if err := workflow.Sleep(gctx, wait); err != nil {
 				return
 			}
 		}
-		var a *activities.Activities
-		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-			StartToCloseTimeout: 10 * time.Minute, HeartbeatTimeout: time.Minute, Summary: what,
-			RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, MaximumAttempts: 20, NonRetryableErrorTypes: activities.NonRetryable},
-		})
-		r := snapshotted{ID: sn.ID, Cancel: in.Cancel}
-		if err := workflow.ExecuteActivity(actx, a.Snapshot, in).Get(ctx, &r.Res); err != nil {
-			var app *temporal.ApplicationError
-			r.Err, r.Fatal = rootMessage(err), errors.As(err, &app) && app.NonRetryable()
-		}
-		s.snapshots.Send(ctx, r)
+		done(gctx, workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, opts), activity, in).Get(gctx, out))
 	})
 }
 

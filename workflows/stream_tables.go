@@ -2,7 +2,6 @@ package workflows
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -205,31 +204,23 @@ func (s *stream) drivePublish(later bool) {
 	in := activities.SetTablesInput{Stream: s.id, Source: s.cfg.Source, Tables: slices.Clone(tc.Tables), At: tc.Asked}
 	id := tc.ID
 	var actCtx workflow.Context
-	actCtx, s.publishCancel = workflow.WithCancel(s.loopCtx)
-	workflow.Go(s.loopCtx, func(gctx workflow.Context) {
-		if later {
-			if err := workflow.Sleep(gctx, snapshotRetry); err != nil {
-				return // the run ends
-			}
-		}
-		ctx := actCtx // cancelled when a newer change replaces this one
-		var a *activities.Activities
-		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-			StartToCloseTimeout: 5 * time.Minute, Summary: "publish the tables of " + id + " at the source",
-			RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, MaximumAttempts: 20, NonRetryableErrorTypes: activities.NonRetryable},
-		})
+	actCtx, s.publishCancel = workflow.WithCancel(s.loopCtx) // cancelled when a newer change replaces this one
+	var a *activities.Activities
+	s.besideLoop(actCtx, retryWait(later), workflow.ActivityOptions{
+		StartToCloseTimeout: 5 * time.Minute, Summary: "publish the tables of " + id + " at the source",
+		RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, MaximumAttempts: 20, NonRetryableErrorTypes: activities.NonRetryable},
+	}, a.SetTables, in, nil, func(ctx workflow.Context, err error) {
 		r := published{ID: id}
-		if err := workflow.ExecuteActivity(actx, a.SetTables, in).Get(gctx, nil); err != nil {
-			// The source's whole message: its cause is a bare sentinel
-			// ("a table of source.tables cannot be streamed") without the
+		if err != nil {
+			// A verdict's whole message: its cause is a bare sentinel ("a
+			// table of source.tables cannot be streamed") without the
 			// table it names.
-			var app *temporal.ApplicationError
-			r.Err, r.Fatal = rootMessage(err), errors.As(err, &app) && app.NonRetryable()
-			if r.Fatal {
-				r.Err = app.Message()
+			r.Err = rootMessage(err)
+			if app := verdict(err); app != nil {
+				r.Err, r.Fatal = app.Message(), true
 			}
 		}
-		s.published.Send(gctx, r)
+		s.published.Send(ctx, r)
 	})
 }
 
