@@ -79,8 +79,7 @@ func read(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoi
 	empty := 0
 	cp := from
 	for want < 0 && empty < 2 || want >= 0 && len(out) < want {
-		b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: 50, MaxWait: 300 * time.Millisecond})
-		require.NoError(t, err)
+		b := readBatch(ctx, t, rd, stream, cp, 50)
 		require.GreaterOrEqual(t, b.Checkpoint.Compare(cp), 0, "the checkpoint never goes back")
 		if len(b.Records) == 0 {
 			empty++
@@ -91,15 +90,25 @@ func read(t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoi
 			require.Equal(t, uint64(len(slices.DeleteFunc(slices.Clone(b.Records), func(r source.Record) bool { return r.Position.Term != last.Term }))),
 				last.Index, "a batch ends with a whole transaction")
 		}
-		for _, r := range b.Records {
-			require.Equal(t, 1, r.Position.Compare(cp), "positions increase: %s after %s", r.Position, cp)
-			cp = r.Position
-		}
 		cp = b.Checkpoint
-		require.NoError(t, rd.Ack(ctx, stream, "s1", cp))
 		out = append(out, b.Records...)
 	}
 	return out, cp
+}
+
+// readBatch reads one batch of at most size records from rd after from,
+// checks that its positions increase from from, and acks it.
+func readBatch(ctx context.Context, t *testing.T, rd *postgres.Reader, stream string, from source.Checkpoint, size int) source.Batch {
+	t.Helper()
+	b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: size, MaxWait: 300 * time.Millisecond})
+	require.NoError(t, err)
+	cp := from
+	for _, r := range b.Records {
+		require.Equal(t, 1, r.Position.Compare(cp), "positions increase: %s after %s", r.Position, cp)
+		cp = r.Position
+	}
+	require.NoError(t, rd.Ack(ctx, stream, "s1", b.Checkpoint))
+	return b
 }
 
 func TestStreamFromAStandbyIsExactAndMovesToAnotherReplica(t *testing.T) {
