@@ -337,6 +337,9 @@ type ResyncInput struct {
 	// ID names the resync: the source answers the same id with the same
 	// start.
 	ID string `json:"id"`
+	// After is the tablet's last checkpoint, which a source that keeps
+	// nothing of a stream (vitess) starts after.
+	After source.Checkpoint `json:"after,omitzero"`
 }
 
 // Resync makes a tablet's fresh start (source.Resyncer) and returns its
@@ -346,7 +349,7 @@ func (a *Activities) Resync(ctx context.Context, in ResyncInput) (source.Checkpo
 	if err != nil {
 		return source.Checkpoint{}, err
 	}
-	cp, err := r.Resync(ctx, in.Stream, in.Tablet, in.ID)
+	cp, err := r.Resync(ctx, in.Stream, in.Tablet, in.ID, in.After)
 	if err != nil {
 		return source.Checkpoint{}, classified(src, err)
 	}

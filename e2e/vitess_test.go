@@ -321,8 +321,10 @@ func TestVitessReplicaBehindThePositionAnswersGTIDSetMismatchAndTheShardMovesOn(
 
 // Every vttablet of one shard purged the binary logs holding the shard's
 // checkpoint while its tablet was paused: the tablet is Expired, saying
-// why, and the other shard streams on, exactly.
-func TestVitessShardWhoseEveryVttabletPurgedThePositionExpiresAlone(t *testing.T) {
+// why, and the other shard streams on, exactly. A resync then copies the
+// shard's rows again at its primary's position, between its markers,
+// under the workload: both shards end exact.
+func TestVitessShardWhoseEveryVttabletPurgedThePositionExpiresAloneAndAResyncMakesItExact(t *testing.T) {
 	v := newVTEnv(t)
 	v.startWorker()
 	out := filepath.Join(v.dir, "out")
@@ -355,8 +357,36 @@ func TestVitessShardWhoseEveryVttabletPurgedThePositionExpiresAlone(t *testing.T
 	reason := tabletStatus(st, shard).Reason
 	t.Logf("%s: %s", shard, reason)
 	require.Contains(t, reason, "no vttablet of shard -80 holds position "+cp.Opaque+" any more", "the reason says why")
+	v.requireShardsExact(out, 2*time.Minute, "80-")
 
-	v.stopAndRequireExact(load, out, "80-")
+	// The resync: -80 copies its rows again, then streams, while the
+	// workload goes on.
+	v.signal(stream, "resync", fmt.Sprintf(`{"tablets": [%q], "reason": "binary logs purged"}`, shard))
+	st = v.waitStatus(stream, shard+"'s resync copy done", 3*time.Minute, func(st workflows.StreamStatus) (bool, string) {
+		tab := tabletStatus(st, shard)
+		return tab.State == workflows.Streaming && tab.Copy != nil && tab.Copy.Kind == source.CopyResync && tab.Copy.Done, summary(st)
+	})
+	t.Logf("%s: %+v", shard, tabletStatus(st, shard).Copy)
+	v.stopAndRequireExact(load, out)
+
+	// Its file: the records before the expiry, a resync-begin after them,
+	// the copy's reads, one resync-end, then changes.
+	recs, err := sinkRecordsByTablet(out)
+	require.NoError(t, err)
+	var ops []source.Op
+	for _, r := range recs[shard] {
+		if len(ops) == 0 || ops[len(ops)-1] != r.Op || r.Op.Marker() {
+			ops = append(ops, r.Op)
+		}
+	}
+	begin := slices.Index(ops, source.ResyncBegin)
+	end := slices.Index(ops, source.ResyncEnd)
+	require.Positive(t, begin, "records before the resync-begin: %v", ops)
+	require.Greater(t, end, begin, "a resync-end after it: %v", ops)
+	require.Contains(t, ops[begin:end], source.Read, "the copy's reads between the markers: %v", ops)
+	require.Equal(t, 1, strings.Count(fmt.Sprint(ops), string(source.ResyncEnd)), "one copy: %v", ops)
+	i := slices.IndexFunc(recs[shard], func(r source.Record) bool { return r.Op == source.ResyncBegin })
+	require.Positive(t, recs[shard][i].Position.Compare(cp), "the resync begins after the expired checkpoint %s", cp)
 }
 
 // gtidCount is the transactions a MariaDB GTID position holds (the sum of

@@ -97,8 +97,11 @@ type Resyncer interface {
 	// is after every position the tablet had before, so positions keep
 	// increasing. id names the resync: a second call with the id of the
 	// last one returns the same checkpoint without starting again (an
-	// activity tried again after its answer was lost).
-	Resync(ctx context.Context, stream, tablet, id string) (Checkpoint, error)
+	// activity tried again after its answer was lost), or, on a source
+	// that keeps nothing of a stream on its servers (vitess), a later
+	// start as good. after is the tablet's last checkpoint (zero: none),
+	// which such a source starts after.
+	Resync(ctx context.Context, stream, tablet, id string, after Checkpoint) (Checkpoint, error)
 }
 
 // Snapshotter is implemented by sources that can copy named tables of a

@@ -68,9 +68,10 @@ func TestResyncStartsAnExpiredTabletFromItsFreshStart(t *testing.T) {
 			require.Equal(t, Streaming, tabletStatus(stopping, "t-0002").State, "the running tablet is told to stop first")
 			require.Contains(t, tabletStatus(stopping, "t-0002").Reason, "stopping it first")
 			require.Len(t, asked, 2)
-			require.Equal(t, activities.ResyncInput{Stream: "orders", Source: asked[0].Source, Tablet: "t-0001", ID: "t-0001/1"}, asked[0])
-			require.Equal(t, activities.ResyncInput{Stream: "orders", Source: asked[1].Source, Tablet: "t-0002", ID: "t-0002/2"}, asked[1],
-				"made once its Stopped report came")
+			require.Equal(t, activities.ResyncInput{Stream: "orders", Source: asked[0].Source, Tablet: "t-0001", ID: "t-0001/1", After: cp(77)}, asked[0],
+				"with the tablet's last checkpoint")
+			require.Equal(t, activities.ResyncInput{Stream: "orders", Source: asked[1].Source, Tablet: "t-0002", ID: "t-0002/2", After: cp(50)}, asked[1],
+				"made once its Stopped report came, after its final commit")
 			row := tabletStatus(st, "t-0001")
 			if tt.err != nil {
 				require.Len(t, r.starts, 2, "no new workflow")

@@ -178,7 +178,8 @@ func (s *stream) makeResync(p PendingResync) {
 	s.besideLoop(s.loopCtx, 0, workflow.ActivityOptions{
 		StartToCloseTimeout: 5 * time.Minute, Summary: "resync tablet " + p.Tablet + ": its fresh start at the source",
 		RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
-	}, a.Resync, activities.ResyncInput{Stream: s.id, Source: s.cfg.Source, Tablet: p.Tablet, ID: p.ID}, &r.Start,
+	}, a.Resync, activities.ResyncInput{Stream: s.id, Source: s.cfg.Source, Tablet: p.Tablet, ID: p.ID,
+		After: s.st.Tablets[p.Tablet].Checkpoint}, &r.Start,
 		func(ctx workflow.Context, err error) {
 			if err != nil {
 				r.Err = rootMessage(err)

@@ -303,7 +303,7 @@ func TestAResyncEndsTheShardsSnapshotJob(t *testing.T) {
 	ctx := ctxT(t, 2*time.Minute)
 	job := source.SnapshotJob{ID: "j1", Tables: []string{"public.items"}}
 	require.NoError(t, b.src.Snapshot(ctx, stream, "s1", job))
-	start, err := b.src.Resync(ctx, stream, "s1", "r1")
+	start, err := b.src.Resync(ctx, stream, "s1", "r1", source.Checkpoint{})
 	require.NoError(t, err)
 	require.NoError(t, b.src.Snapshot(ctx, stream, "s1", job))
 	rd := b.primaryReader(t)

@@ -36,7 +36,7 @@ import (
 var _ source.Resyncer = (*Source)(nil)
 
 // Resync starts shard tablet of stream afresh with a copy of its tables.
-func (s *Source) Resync(ctx context.Context, stream, tablet, id string) (source.Checkpoint, error) {
+func (s *Source) Resync(ctx context.Context, stream, tablet, id string, _ source.Checkpoint) (source.Checkpoint, error) {
 	sh, err := s.shardOf(tablet)
 	if err != nil {
 		return source.Checkpoint{}, err

@@ -41,10 +41,10 @@ func TestResyncOfAnExpiredShardCopiesItsRowsBetweenMarkers(t *testing.T) {
 	_, err = b.primaryReader(t).GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: 10, MaxWait: time.Second})
 	require.Equal(t, source.Expired, b.src.Classify(err).Action, "%v", err)
 
-	start, err := b.src.Resync(ctx, stream, "s1", "1")
+	start, err := b.src.Resync(ctx, stream, "s1", "1", source.Checkpoint{})
 	require.NoError(t, err)
 	require.Equal(t, 1, start.Compare(cp), "the resync's start %s is after the old checkpoint %s", start, cp)
-	again, err := b.src.Resync(ctx, stream, "s1", "1")
+	again, err := b.src.Resync(ctx, stream, "s1", "1", source.Checkpoint{})
 	require.NoError(t, err)
 	require.Equal(t, start, again, "the same resync answers the same start")
 

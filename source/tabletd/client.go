@@ -229,7 +229,7 @@ func (c *Client) DeleteStream(ctx context.Context, stream string) error {
 // An unknown stream or tablet (or one the stream does not cover) is
 // NOT_FOUND with UNKNOWN_STREAM or UNKNOWN_TABLET, a split tablet
 // INVALID_ARGUMENT: Classify calls both Fatal.
-func (c *Client) Resync(ctx context.Context, stream, tablet, id string) (source.Checkpoint, error) {
+func (c *Client) Resync(ctx context.Context, stream, tablet, id string, _ source.Checkpoint) (source.Checkpoint, error) {
 	resp, err := c.topo.ResyncStream(ctx, &sourcepb.ResyncStreamRequest{Stream: stream, Tablet: tablet, Id: id})
 	if err != nil {
 		return source.Checkpoint{}, fmt.Errorf("resync stream %s on tablet %s: %w", stream, tablet, err)

@@ -68,9 +68,9 @@ func TestResyncGivesAnExpiredTabletItsRowsBetweenMarkersThenItsChanges(t *testin
 	_, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: "s", Tablet: "t-0001", MaxRecords: 1})
 	require.Equal(t, source.Expired, c.Classify(err).Action, "the stream expired on t-0001: %v", err)
 
-	cp, err := c.Resync(ctx, "s", "t-0001", "r1")
+	cp, err := c.Resync(ctx, "s", "t-0001", "r1", source.Checkpoint{})
 	require.NoError(t, err)
-	again, err := c.Resync(ctx, "s", "t-0001", "r1")
+	again, err := c.Resync(ctx, "s", "t-0001", "r1", source.Checkpoint{})
 	require.NoError(t, err)
 	require.Equal(t, cp, again, "the same id: the same checkpoint")
 	cl.Write(1000)
@@ -106,7 +106,7 @@ func TestResyncGivesAnExpiredTabletItsRowsBetweenMarkersThenItsChanges(t *testin
 		{"nope", "t-0001", sourcepb.Reason_UNKNOWN_STREAM},
 		{"s", "t-0099", sourcepb.Reason_UNKNOWN_TABLET},
 	} {
-		_, err := c.Resync(ctx, tt.stream, tt.tablet, "x")
+		_, err := c.Resync(ctx, tt.stream, tt.tablet, "x", source.Checkpoint{})
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "resync stream "+tt.stream+" on tablet "+tt.tablet)
 		cls := c.Classify(err)

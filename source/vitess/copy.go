@@ -26,6 +26,10 @@ import (
 //
 //	<GTID position>;copy=<table>;after=<last primary key>   inside a table
 //	<GTID position>;copied=<table>                           between tables
+//	<GTID position>;copy                                     before the first
+//
+// and, for a resync's copy (resync.go), ";resync=<id>" after that, so
+// that the copy's markers are delivered wherever it goes on.
 //
 // the table's name query-escaped and the primary key a base64 (URL
 // alphabet) protobuf QueryResult as Vitess's TableLastPK holds it. A
@@ -43,7 +47,14 @@ type copyState struct {
 	after *querypb.QueryResult
 	// copied is the last table copied whole ("": none yet).
 	copied string
+	// resync is the id of the resync whose copy this is ("": the copy of
+	// a stream's start): its reader delivers a ResyncBegin marker before
+	// the copy's first row and a ResyncEnd marker after its last.
+	resync string
 }
+
+// begun reports whether the copy has copied anything yet.
+func (c *copyState) begun() bool { return c.table != "" || c.copied != "" }
 
 // copyMark separates a checkpoint's GTID position from its copy state.
 const copyMark = ";"
@@ -51,17 +62,23 @@ const copyMark = ";"
 // suffix is the copy state as a checkpoint's Opaque part carries it
 // after the GTID position.
 func (c *copyState) suffix() (string, error) {
+	var s string
 	switch {
 	case c.table != "":
 		pk, err := c.after.MarshalVT()
 		if err != nil {
 			return "", fmt.Errorf("last primary key copied of %s: %w", c.table, err)
 		}
-		return copyMark + "copy=" + url.QueryEscape(c.table) + copyMark + "after=" + base64.RawURLEncoding.EncodeToString(pk), nil
+		s = copyMark + "copy=" + url.QueryEscape(c.table) + copyMark + "after=" + base64.RawURLEncoding.EncodeToString(pk)
 	case c.copied != "":
-		return copyMark + "copied=" + url.QueryEscape(c.copied), nil
+		s = copyMark + "copied=" + url.QueryEscape(c.copied)
+	default:
+		s = copyMark + "copy"
 	}
-	return copyMark + "copy", nil
+	if c.resync != "" {
+		s += copyMark + "resync=" + url.QueryEscape(c.resync)
+	}
+	return s, nil
 }
 
 // parseOpaque splits a checkpoint's Opaque part into its GTID position
@@ -83,6 +100,8 @@ func parseOpaque(opaque string) (string, *copyState, error) {
 			c.table, err = url.QueryUnescape(value)
 		case "copied":
 			c.copied, err = url.QueryUnescape(value)
+		case "resync":
+			c.resync, err = url.QueryUnescape(value)
 		case "after":
 			var b []byte
 			if b, err = base64.RawURLEncoding.DecodeString(value); err == nil {

@@ -61,6 +61,9 @@ type decoder struct {
 	// stream reads moved away); ended: later events are not read.
 	end   *Error
 	ended bool
+	// at is the commit time of the last transaction received, which a
+	// resync's end marker carries.
+	at time.Time
 }
 
 // txn is a transaction being received.
@@ -152,7 +155,11 @@ func (d *decoder) event(ev *binlogdatapb.VEvent) error {
 		}
 		d.open.lastpk = ev.LastPKEvent
 	case binlogdatapb.VEventType_COPY_COMPLETED:
+		done := d.copy
 		d.copy = nil
+		if done != nil && done.resync != "" {
+			return d.marker(source.ResyncEnd, d.at)
+		}
 	case binlogdatapb.VEventType_INSERT, binlogdatapb.VEventType_UPDATE, binlogdatapb.VEventType_DELETE,
 		binlogdatapb.VEventType_REPLACE:
 		return newError(source.Fatal, "STATEMENT_BINLOG",
@@ -224,6 +231,9 @@ func (d *decoder) row(ev *binlogdatapb.VEvent) error {
 func (d *decoder) commit(ev *binlogdatapb.VEvent) error {
 	open := d.open
 	d.open = nil
+	if ev.Timestamp > 0 {
+		d.at = time.Unix(ev.Timestamp, 0).UTC()
+	}
 	d.behind = ev.CurrentTime > 0 && ev.Timestamp > 0 && time.Duration(ev.CurrentTime-ev.Timestamp*int64(time.Second)) > backlogAge
 	if open != nil && open.journal != nil {
 		end, err := d.journal(open.journal)
@@ -281,6 +291,46 @@ func (d *decoder) truncate(table string, ts int64) error {
 	}
 	rec := source.Record{Tablet: d.shard, Position: source.Checkpoint{Term: cp.Term, Index: 1}, CommitTime: time.Unix(ts, 0).UTC(),
 		Table: table, Op: source.Truncate}
+	d.ready = append(d.ready, whole{cp: cp, records: []source.Record{rec}})
+	d.idle = source.Checkpoint{}
+	return nil
+}
+
+// resumed delivers the markers of a resync whose copy a stream opened
+// at state goes on with (copying: the copy has tables left; at: now):
+// ResyncBegin when it has copied nothing yet, ResyncEnd when nothing is
+// left (the copy ended before its end marker was delivered).
+func (d *decoder) resumed(state *copyState, copying bool, at time.Time) error {
+	if state.resync == "" {
+		return nil
+	}
+	if !state.begun() {
+		if err := d.marker(source.ResyncBegin, at); err != nil {
+			return err
+		}
+	}
+	if !copying {
+		return d.marker(source.ResyncEnd, at)
+	}
+	return nil
+}
+
+// marker makes a resync's marker a transaction of its own at the last
+// GTID event's position, after the records delivered there before.
+func (d *decoder) marker(op source.Op, at time.Time) error {
+	c, err := count(d.gtid)
+	if err != nil {
+		return newError(source.Fatal, "BAD_POSITION", "shard %s: %v", d.shard, err)
+	}
+	var base uint64
+	if c == d.last.Term {
+		base = d.last.Index
+	}
+	cp, err := d.next(base, 1, true)
+	if err != nil {
+		return err
+	}
+	rec := source.Record{Tablet: d.shard, Position: source.Checkpoint{Term: cp.Term, Index: base + 1}, CommitTime: at, Op: op}
 	d.ready = append(d.ready, whole{cp: cp, records: []source.Record{rec}})
 	d.idle = source.Checkpoint{}
 	return nil

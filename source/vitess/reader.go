@@ -52,6 +52,10 @@ type Reader struct {
 	// pos: everything up to it was returned by GetChanges (the checkpoint
 	// the next call goes on from).
 	pos source.Checkpoint
+	// copy is the copy the reader has open, or the last it finished
+	// (copyreport.go); copyTables the tables it takes, in its order.
+	copy       *source.CopyProgress
+	copyTables []string
 }
 
 var _ source.ReplicaReader = (*Reader)(nil)
@@ -142,6 +146,7 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	}
 	recs, cp := r.dec.take(req.MaxRecords, r.pos)
 	r.pos = cp
+	r.report(recs, cp)
 	// Caught up: nothing more received, and the last transaction was not
 	// part of a backlog (the vttablet sends each transaction as its own
 	// response, so a backlog often has nothing more received yet).
@@ -163,6 +168,7 @@ func (r *Reader) open(ctx context.Context, from source.Checkpoint, startFrom sou
 	}
 	req := &binlogdatapb.VStreamRequest{Position: "current"}
 	var state *copyState
+	var tables []string // those a copy takes
 	pos, handoff, err := handoffPosition(from, rep.Tablet)
 	switch {
 	case err != nil:
@@ -177,7 +183,7 @@ func (r *Reader) open(ctx context.Context, from source.Checkpoint, startFrom sou
 		}
 		req.Position = pos
 		if state != nil {
-			if err := r.src.resumeCopy(ctx, rep, state, req); err != nil {
+			if tables, err = r.src.resumeCopy(ctx, rep, state, req); err != nil {
 				return err
 			}
 		}
@@ -186,11 +192,23 @@ func (r *Reader) open(ctx context.Context, from source.Checkpoint, startFrom sou
 	if err != nil {
 		return err
 	}
+	if state != nil && req.Position == "" {
+		// A fresh copy takes every table: named for its report only.
+		tables, _ = r.src.copyTables(ctx, rep)
+	}
 	r.vs, r.pos = vs, from
 	r.dec = newDecoder(rep.Tablet, from)
 	r.dec.keyspace, r.dec.streamed, r.dec.gtid = r.src.cfg.Keyspace, r.src.cfg.Tables, pos
-	if state != nil && (req.Position == "" || len(req.TableLastPKs) > 0) {
+	copying := req.Position == "" || len(req.TableLastPKs) > 0
+	if state != nil && copying {
 		r.dec.copy = state
+		r.opened(state, tables)
+	}
+	if state != nil {
+		if err := r.dec.resumed(state, copying, time.Now().UTC()); err != nil {
+			r.Close()
+			return err
+		}
 	}
 	return nil
 }
@@ -199,17 +217,15 @@ func (r *Reader) open(ctx context.Context, from source.Checkpoint, startFrom sou
 // stands: the table in progress after its last primary key, then every
 // later one (VStreamOptions.TablesToCopy), after the changes since the
 // position. With nothing left to copy, req streams from the position.
-func (s *Source) resumeCopy(ctx context.Context, rep source.Replica, state *copyState, req *binlogdatapb.VStreamRequest) error {
-	tables := s.cfg.Tables
-	if len(tables) == 0 {
-		var err error
-		if tables, err = s.tablesOf(ctx, rep); err != nil {
-			return err
-		}
+// It returns the tables the copy takes.
+func (s *Source) resumeCopy(ctx context.Context, rep source.Replica, state *copyState, req *binlogdatapb.VStreamRequest) ([]string, error) {
+	tables, err := s.copyTables(ctx, rep)
+	if err != nil {
+		return nil, err
 	}
 	left := state.toCopy(tables)
 	if len(left) == 0 {
-		return nil
+		return tables, nil
 	}
 	first := &binlogdatapb.TableLastPK{TableName: left[0]}
 	if state.table == left[0] {
@@ -217,7 +233,16 @@ func (s *Source) resumeCopy(ctx context.Context, rep source.Replica, state *copy
 	}
 	req.TableLastPKs = []*binlogdatapb.TableLastPK{first}
 	req.Options = &binlogdatapb.VStreamOptions{TablesToCopy: left}
-	return nil
+	return tables, nil
+}
+
+// copyTables are the tables a copy takes: the stream's, or, when it names
+// none, the keyspace's on rep's vttablet.
+func (s *Source) copyTables(ctx context.Context, rep source.Replica) ([]string, error) {
+	if len(s.cfg.Tables) > 0 {
+		return s.cfg.Tables, nil
+	}
+	return s.tablesOf(ctx, rep)
 }
 
 // vstream opens a VStream on a vttablet, its target set here and its

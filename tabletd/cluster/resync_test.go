@@ -128,7 +128,7 @@ func TestResyncOfAnExpiredTabletCopiesItsRowsBetweenMarkersThenItsChanges(t *tes
 	_, err = rd.GetChanges(ctx(t), source.ChangesRequest{Stream: "s", Tablet: "t-0001", MaxRecords: 1})
 	requireStatus(t, err, codes.OutOfRange, sourcepb.Reason_STREAM_EXPIRED)
 
-	cp, err := tc.client.Resync(ctx(t), "s", "t-0001", "r1")
+	cp, err := tc.client.Resync(ctx(t), "s", "t-0001", "r1", source.Checkpoint{})
 	require.NoError(t, err)
 	require.Equal(t, otherCP, cp, "the copy starts after the log's end (where other caught up)")
 	st := streamTablet(t, tc, "s", "t-0001")
@@ -190,7 +190,7 @@ func TestResyncCopyResumesFromACheckpointInsideIt(t *testing.T) {
 	_, err := tc.client.EnsureStream(ctx(t), source.StreamSpec{ID: "s"})
 	require.NoError(t, err)
 	tc.Write(3000)
-	cp, err := tc.client.Resync(ctx(t), "s", "t-0002", "") // not expired: a resync all the same
+	cp, err := tc.client.Resync(ctx(t), "s", "t-0002", "", source.Checkpoint{}) // not expired: a resync all the same
 	require.NoError(t, err)
 	tc.Write(500)
 
@@ -227,7 +227,7 @@ func TestResyncWithTheSameIDReturnsTheSameStart(t *testing.T) {
 	_, err := tc.client.EnsureStream(ctx(t), source.StreamSpec{ID: "s"})
 	require.NoError(t, err)
 	tc.Write(1000)
-	first, err := tc.client.Resync(ctx(t), "s", "t-0003", "a")
+	first, err := tc.client.Resync(ctx(t), "s", "t-0003", "a", source.Checkpoint{})
 	require.NoError(t, err)
 	end := lastPosition(t, tc, "t-0003")
 	require.Equal(t, 1, end.Compare(first), "the copy is in the log")
@@ -238,7 +238,7 @@ func TestResyncWithTheSameIDReturnsTheSameStart(t *testing.T) {
 	require.Equal(t, uint64(len(tc.tabletRows(t, "t-0003"))), resp.Rows)
 	require.Equal(t, end, lastPosition(t, tc, "t-0003"), "nothing copied again")
 
-	second, err := tc.client.Resync(ctx(t), "s", "t-0003", "b")
+	second, err := tc.client.Resync(ctx(t), "s", "t-0003", "b", source.Checkpoint{})
 	require.NoError(t, err)
 	require.Equal(t, end, second, "a new id starts again after the first copy")
 	rd := tc.reader(t, tc.replica(t, "t-0003", source.TypePrimary))
@@ -247,7 +247,7 @@ func TestResyncWithTheSameIDReturnsTheSameStart(t *testing.T) {
 	require.Len(t, b.Records, 1)
 	require.Equal(t, source.ResyncBegin, b.Records[0].Op)
 	require.Equal(t, 1, b.Records[0].Position.Compare(second), "the first start reads from the second")
-	again, err := tc.client.Resync(ctx(t), "s", "t-0003", "a")
+	again, err := tc.client.Resync(ctx(t), "s", "t-0003", "a", source.Checkpoint{})
 	require.NoError(t, err)
 	require.Equal(t, 1, again.Compare(second), "only the last resync's id is remembered")
 }
@@ -259,7 +259,7 @@ func TestResyncCopiesTheStreamsTablesAndRefusesBadRequests(t *testing.T) {
 	_, err := tc.client.EnsureStream(ctx(t), source.StreamSpec{ID: "s", Tables: []string{"orders"}})
 	require.NoError(t, err)
 	tc.Write(1500)
-	cp, err := tc.client.Resync(ctx(t), "s", "t-0001", "x")
+	cp, err := tc.client.Resync(ctx(t), "s", "t-0001", "x", source.Checkpoint{})
 	require.NoError(t, err)
 	c := newConsumer("s")
 	_, err = c.drain(ctx(t), tc.reader(t, tc.replica(t, "t-0001", source.TypePrimary)), "t-0001", cp)
@@ -292,7 +292,7 @@ func TestResyncCopiesTheStreamsTablesAndRefusesBadRequests(t *testing.T) {
 			require.Equal(t, source.Fatal, tc.client.Classify(err).Action)
 		})
 	}
-	_, err = tc.client.Resync(ctx(t), "s", split.Children[0], "")
+	_, err = tc.client.Resync(ctx(t), "s", split.Children[0], "", source.Checkpoint{})
 	require.NoError(t, err, "a split's child is resynced")
 	_, err = tc.admin.Rows(ctx(t), &sourcepb.RowsRequest{Tablet: "t-9999"})
 	requireStatus(t, err, codes.NotFound, sourcepb.Reason_UNKNOWN_TABLET)
@@ -307,7 +307,7 @@ func TestAStreamCreatedAgainDoesNotReadTheDeletedOnesCopy(t *testing.T) {
 		require.NoError(t, err)
 	}
 	tc.Write(500)
-	_, err := tc.client.Resync(ctx(t), "s", "t-0001", "")
+	_, err := tc.client.Resync(ctx(t), "s", "t-0001", "", source.Checkpoint{})
 	require.NoError(t, err)
 	require.NoError(t, tc.client.DeleteStream(ctx(t), "s"))
 	_, err = tc.client.EnsureStream(ctx(t), source.StreamSpec{ID: "s"})
@@ -338,7 +338,7 @@ func TestResyncUnderAWriteWorkloadCopiesExactlyTheRowsAtItsStart(t *testing.T) {
 		_, err := tc.client.EnsureStream(ctx(t), source.StreamSpec{ID: id})
 		require.NoError(t, err)
 		time.Sleep(7 * time.Millisecond)
-		cp, err := tc.client.Resync(ctx(t), id, "t-0001", "")
+		cp, err := tc.client.Resync(ctx(t), id, "t-0001", "", source.Checkpoint{})
 		require.NoError(t, err)
 		starts[id] = cp
 	}

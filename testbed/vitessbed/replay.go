@@ -17,7 +17,9 @@ import (
 // at its key (an update that changed the key removes the row at before's
 // key first), a delete removes the row at before's key, a truncate empties
 // the table. Values are as the bed reads them (DecodeRow): integers as
-// int64, text as string, NULL as nil. It fails on a record of a table not
+// int64, text as string, NULL as nil. A resync's begin marker empties
+// every table (its copy brings the shard's rows again), its end marker
+// changes nothing. It fails on a record of a table not
 // among Tables, an unknown op, a row image without its key, or a malformed
 // image.
 func Replay(recs []source.Record) (map[string]Rows, error) {
@@ -26,6 +28,15 @@ func Replay(recs []source.Record) (map[string]Rows, error) {
 		out[t] = Rows{}
 	}
 	for _, r := range recs {
+		switch r.Op {
+		case source.ResyncBegin:
+			for _, t := range Tables {
+				out[t] = Rows{}
+			}
+			continue
+		case source.ResyncEnd:
+			continue
+		}
 		rows, ok := out[r.Table]
 		if !ok {
 			return nil, fmt.Errorf("%s: a record of table %q", r.Position, r.Table)
