@@ -107,7 +107,12 @@ func (r *Resources) Source(cfg config.Source) (source.Source, error) {
 	if r.NewSource == nil {
 		return nil, fmt.Errorf("source.kind: %w %q", config.ErrUnknownKind, cfg.Kind)
 	}
-	key := sourceKey{kind: cfg.Kind, spec: sectionKey(config.SourceKinds(), cfg.Kind, cfg.Spec, "tables")}
+	kinds := config.SourceKinds()
+	var drop []string
+	if !kinds[cfg.Kind].TablesInClient {
+		drop = []string{"tables"} // kept per stream on the servers: one client serves any
+	}
+	key := sourceKey{kind: cfg.Kind, spec: sectionKey(kinds, cfg.Kind, cfg.Spec, drop...)}
 	return shared(r, &r.sources, key, func() (source.Source, error) { return r.NewSource(cfg) })
 }
 

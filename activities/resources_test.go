@@ -64,6 +64,24 @@ func TestSourcesAreSharedAcrossTables(t *testing.T) {
 	require.Equal(t, 2, opened, "another address, another client")
 }
 
+// TestAVitessSourceIsOneClientPerTables: a vitess client reads the
+// stream's tables from its section (its VStream filter), so streams that
+// differ in their tables each get one; the same tables share it.
+func TestAVitessSourceIsOneClientPerTables(t *testing.T) {
+	opened := 0
+	r := NewResources()
+	r.NewSource = func(config.Source) (source.Source, error) { opened++; return &fakeSource{}, nil }
+	for _, spec := range []string{
+		`{"kind":"vitess","vtctld":"h:1","keyspace":"k","tables":["customer"]}`,
+		`{"keyspace":"k","tables":["customer"],"vtctld":"h:1","kind":"vitess"}`,
+		`{"kind":"vitess","vtctld":"h:1","keyspace":"k","tables":["corder"]}`,
+	} {
+		_, err := r.Source(config.Source{Kind: "vitess", Spec: json.RawMessage(spec)})
+		require.NoError(t, err)
+	}
+	require.Equal(t, 2, opened, "other tables, another client")
+}
+
 // TestAHungSinkDoesNotStopAnotherStreamsSink: opening stream A's sink
 // hangs (a database that accepts connections and never answers); stream
 // B's sink on the same worker still opens at once, and the callers waiting

@@ -131,6 +131,12 @@ type Kind struct {
 	// TableChange: the tables a running stream reads can change (the
 	// configure command's source.tables; source.TableChanger).
 	TableChange bool
+	// TablesInClient: the source's client reads a stream's tables from its
+	// own section (vitess: it keeps nothing of a stream on its servers),
+	// so streams that differ in their tables need a client each; other
+	// sources keep a stream's tables on their servers, and one client
+	// serves streams with any tables.
+	TablesInClient bool
 }
 
 // NewKind is the Kind of an adapter whose sections parse into a T.
@@ -157,6 +163,13 @@ func (k Kind) WithResync() Kind {
 // running stream again (source.Snapshotter).
 func (k Kind) WithAdhocSnapshot() Kind {
 	k.AdhocSnapshot = true
+	return k
+}
+
+// WithTablesInClient is k for a source whose client reads a stream's
+// tables from its own section.
+func (k Kind) WithTablesInClient() Kind {
+	k.TablesInClient = true
 	return k
 }
 

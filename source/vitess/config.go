@@ -43,7 +43,7 @@ type StaticAuth struct {
 
 // Adapter is the Vitess source's kind "vitess".
 var Adapter = source.Adapter{
-	Kind: config.NewKind("vitess", ParseConfig).WithSnapshot().WithResync(),
+	Kind: config.NewKind("vitess", ParseConfig).WithSnapshot().WithResync().WithTablesInClient(),
 	Open: source.OpenParsed(ParseConfig, func(c Config) (source.Source, error) { return New(c, nil) }),
 }
 
