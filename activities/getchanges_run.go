@@ -95,7 +95,7 @@ func (a *Activities) startRun(ctx context.Context, in GetChangesInput) *changesR
 		r.lastSuccess = a.now()
 	}
 	// Until this attempt commits, its heartbeat says why the last one failed.
-	r.beat = startHeartbeats(func(d Heartbeat) { activity.RecordHeartbeat(ctx, d) }, r.progress(r.prevError), info.HeartbeatTimeout/3)
+	r.beat = startHeartbeats(func(d Heartbeat) { activity.RecordHeartbeat(ctx, d) }, r.progress(r.prevError), a.heartbeatEvery(info.HeartbeatTimeout))
 	r.sig = a.startSignals(ctx, info)
 	return r
 }
@@ -127,7 +127,7 @@ func (r *changesRun) release() {
 // progress is the heartbeat detail of the run's committed progress, with
 // lastError as the reason the last attempt failed ("" once one commits).
 func (r *changesRun) progress(lastError string) Heartbeat {
-	return Heartbeat{Checkpoint: r.res.Checkpoint, Records: r.res.Records, Batches: r.res.Batches,
+	return Heartbeat{Checkpoint: r.res.Checkpoint, Records: r.res.Records, Batches: r.res.Batches, LagSeconds: r.res.LagSeconds,
 		LastError: lastError, LastSuccess: r.lastSuccess, Switched: r.res.Switched, Left: r.res.Left}
 }
 

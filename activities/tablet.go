@@ -43,10 +43,25 @@ type Activities struct {
 	RecheckEvery time.Duration
 	// PickerWait: see PickerQueryWait (0: PickerQueryWait).
 	PickerWait time.Duration
+	// LiveEvery, if set, is how often at most a run records its
+	// heartbeat, whose details (checkpoint, records, lag) are the live
+	// status starter status shows: the worker's MaxHeartbeatThrottleInterval
+	// sends them to the server as often (docs/operating.md#live-status).
+	LiveEvery time.Duration
 	// Busy, if set, is told when a read finds a backlog, the operator's
 	// exclude list changes or a run moves in place: work that will keep
 	// the worker busy (the worker's gomaxprocs.Governor).
 	Busy func()
+}
+
+// heartbeatEvery is how often a run records its heartbeat: a third of its
+// heartbeat timeout (0: none), or LiveEvery if that is sooner.
+func (a *Activities) heartbeatEvery(timeout time.Duration) time.Duration {
+	every := timeout / 3
+	if a.LiveEvery > 0 && every > a.LiveEvery {
+		every = a.LiveEvery
+	}
+	return every
 }
 
 // busy tells a.Busy, if set.
@@ -159,7 +174,9 @@ type Heartbeat struct {
 	Checkpoint source.Checkpoint `json:"checkpoint"`
 	Records    int64             `json:"records"`
 	Batches    int64             `json:"batches"`
-	LastError  string            `json:"lastError,omitempty"`
+	// LagSeconds is the run's lag at its last commit (live status).
+	LagSeconds float64 `json:"lagSeconds,omitempty"`
+	LastError  string  `json:"lastError,omitempty"`
 	// LastSuccess is when a poll last succeeded, for retention headroom.
 	LastSuccess time.Time `json:"lastSuccess,omitzero"`
 	// Switched: the replica an earlier attempt moved to in place, which

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,4 +87,59 @@ func TestStarterStartsWatchesAndDrivesAStream(t *testing.T) {
 	defer cancel()
 	require.NoError(t, e.temporal.GetWorkflow(ctx, "starter", "").Get(ctx, nil))
 	require.True(t, strings.Contains(msg, "stop done"), msg)
+}
+
+// starterStatus is starter status --json of a stream, decoded.
+func (e *env) starterStatus(stream string, args ...string) workflows.StreamStatus {
+	e.t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "starter"), append([]string{"status", stream, "--json"}, args...)...)
+	cmd.Env = append(os.Environ(), "TEMPORAL_ADDRESS="+e.addr)
+	out, err := cmd.Output()
+	require.NoError(e.t, err, string(out))
+	var st workflows.StreamStatus
+	require.NoError(e.t, json.Unmarshal(out, &st), string(out))
+	return st
+}
+
+// Live status: while records flow, every streaming tablet's checkpoint
+// and records in starter status move within 5 s, though the stream's own
+// status moves only when a run ends (run.duration 5 m here): the figures
+// come from each run's heartbeat. With --live=false they are the
+// workflow's, which stay put.
+func TestStarterStatusShowsEachStreamingTabletsCheckpointMovingWithin5s(t *testing.T) {
+	e := newEnv(t, "--tablets", "3", "--rate", "50")
+	e.startWorker()
+	out := filepath.Join(e.dir, "out")
+	const stream = "live"
+	e.startStream(stream, e.config(out, map[string]any{"run": map[string]any{"duration": "5m"}}))
+	e.waitStatus(stream, "every tablet streaming", time.Minute, allStreaming(3))
+	e.eventually("records reach the sink", time.Minute, func() (bool, string) {
+		n := sinkRecords(out)
+		return n > 100, fmt.Sprintf("%d records", n)
+	})
+
+	first := e.starterStatus(stream)
+	began := time.Now()
+	moved := map[string]bool{}
+	for len(moved) < len(first.Tablets) {
+		require.Less(t, time.Since(began), 5*time.Second, "tablets whose checkpoint moved in starter status within 5 s: %v", moved)
+		now := e.starterStatus(stream)
+		for _, tab := range now.Tablets {
+			was := tabletStatus(first, tab.ID)
+			if tab.State == workflows.Streaming && tab.Checkpoint.Compare(was.Checkpoint) > 0 && tab.Records > was.Records {
+				moved[tab.ID] = true
+			}
+		}
+	}
+	t.Logf("every tablet moved within %s", time.Since(began).Round(time.Millisecond))
+
+	own := e.starterStatus(stream, "--live=false")
+	for _, tab := range own.Tablets {
+		require.LessOrEqual(t, tab.Checkpoint.Compare(tabletStatus(first, tab.ID).Checkpoint), 0,
+			"%s: the workflow's own figures are behind the live ones (its run has not ended)", tab.ID)
+	}
+	msg, err := e.starter("status", stream)
+	require.NoError(t, err, msg)
+	require.Contains(t, msg, "LIVE")
+	require.Regexp(t, `total: \d+ records, - rec/s, 3 of 3 tablets streaming`, msg)
 }

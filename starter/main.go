@@ -163,12 +163,13 @@ func status(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", stderr, &conn)
 	watch := fs.Bool("watch", false, "refresh until interrupted, with records/s")
 	interval := fs.Duration("interval", 2*time.Second, "refresh interval for --watch")
-	asJSON := fs.Bool("json", false, "print the status query's JSON")
+	asJSON := fs.Bool("json", false, "print the status query's JSON (with the live figures unless --live=false)")
+	liveFigures := fs.Bool("live", true, "show each running tablet's checkpoint, records and lag as its run's last heartbeat has them (docs/operating.md#live-status)")
 	id, err := parseID(fs, args)
 	if err != nil {
 		return err
 	}
-	c, _, err := dial(&conn)
+	c, opts, err := dial(&conn)
 	if err != nil {
 		return err
 	}
@@ -182,6 +183,10 @@ func status(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		var age map[string]time.Duration
+		if *liveFigures {
+			st, age = withLive(st, live(ctx, c, opts.DataConverter, st), time.Now())
+		}
 		if *asJSON {
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")
@@ -190,7 +195,7 @@ func status(args []string, stdout, stderr io.Writer) error {
 		if *watch {
 			fmt.Fprint(stdout, "\033[H\033[2J")
 		}
-		printStatus(stdout, st, prev, time.Since(prevAt))
+		printStatus(stdout, st, age, prev, time.Since(prevAt))
 		if !*watch {
 			return nil
 		}
@@ -220,23 +225,42 @@ func records(st workflows.StreamStatus) map[string]int64 {
 	return out
 }
 
-func printStatus(w io.Writer, st workflows.StreamStatus, prev map[string]int64, since time.Duration) {
+// printStatus prints st as a table; age is how old each tablet's live
+// figures are (withLive; none: as of its last run's end), prev the
+// records of the last refresh, since long ago, for the rates.
+func printStatus(w io.Writer, st workflows.StreamStatus, age map[string]time.Duration, prev map[string]int64, since time.Duration) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "stream %s\n", st.Stream)
-	fmt.Fprintln(tw, "TABLET\tSTATE\tREPLICA\tCHECKPOINT\tRECORDS\tREC/S\tLAG\tATTEMPT\tEXCLUDED\tWHY / LAST ERROR")
+	fmt.Fprintln(tw, "TABLET\tSTATE\tREPLICA\tCHECKPOINT\tRECORDS\tREC/S\tLAG\tLIVE\tATTEMPT\tEXCLUDED\tWHY / LAST ERROR")
+	var total, delta int64
+	streaming := 0
 	for _, t := range st.Tablets {
+		total += t.Records
+		if t.State == workflows.Streaming {
+			streaming++
+		}
 		rate := "-"
 		if p, ok := prev[t.ID]; ok && since > 0 {
 			rate = fmt.Sprintf("%.0f", float64(t.Records-p)/since.Seconds())
+			delta += t.Records - p
+		}
+		liveAge := "-"
+		if a, ok := age[t.ID]; ok {
+			liveAge = a.Round(time.Second).String()
 		}
 		why := t.Reason
 		if t.LastError != "" {
 			why = strings.TrimSpace(why + " " + t.LastError)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%.1fs\t%d\t%d\t%s\n", t.ID, t.State, dash(t.Replica), dash(t.Checkpoint.String()),
-			t.Records, rate, t.LagSeconds, t.Attempt, len(t.Excluded), truncate(why, 80))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%.1fs\t%s\t%d\t%d\t%s\n", t.ID, t.State, dash(t.Replica), dash(t.Checkpoint.String()),
+			t.Records, rate, t.LagSeconds, liveAge, t.Attempt, len(t.Excluded), truncate(why, 80))
 	}
 	_ = tw.Flush()
+	totalRate := "-"
+	if prev != nil && since > 0 {
+		totalRate = fmt.Sprintf("%.0f", float64(delta)/since.Seconds())
+	}
+	fmt.Fprintf(w, "total: %d records, %s rec/s, %d of %d tablets streaming\n", total, totalRate, streaming, len(st.Tablets))
 	if tc := st.TablesChange; tc != nil {
 		fmt.Fprintf(w, "tables %s: %s, %s -> %s (added %s, removed %s; asked %s)\n", tc.ID, tc.State, strings.Join(tc.From, ","),
 			strings.Join(tc.Tables, ","), dash(strings.Join(tc.Added, ",")), dash(strings.Join(tc.Removed, ",")), tc.Asked.Format(time.RFC3339))

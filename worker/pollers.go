@@ -12,11 +12,13 @@ import (
 )
 
 // workerOptions are the worker's options: activities run at once, the
-// stop timeout, and pollers.
-func workerOptions(pollers, maxActivities int, stopTimeout time.Duration) worker.Options {
+// stop timeout, pollers, and how often at most a heartbeat reaches the
+// server (liveEvery; 0: the SDK's 80% of the heartbeat timeout).
+func workerOptions(pollers, maxActivities int, stopTimeout, liveEvery time.Duration) worker.Options {
 	return worker.Options{
 		MaxConcurrentActivityExecutionSize: maxActivities,
 		WorkerStopTimeout:                  stopTimeout,
+		MaxHeartbeatThrottleInterval:       liveEvery,
 		// More pollers than the default two: when an exclusion moves many
 		// tablets at once, their workflow and activity tasks queue up. A
 		// fixed number, half of them on each of the workflow task queue's

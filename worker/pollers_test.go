@@ -97,7 +97,7 @@ func (hintingServer) PollWorkflowTaskQueue(context.Context, *workflowservice.Pol
 // --pollers (half on each queue), not the SDK's autoscaling pollers,
 // whose two 100 ms tickers wake an idle worker again and again.
 func TestWorkerOptionsKeepFixedWorkflowTaskPollers(t *testing.T) {
-	opts := workerOptions(8, 1000, 30*time.Second)
+	opts := workerOptions(8, 1000, 30*time.Second, 2*time.Second)
 	require.Equal(t, worker.NewPollerBehaviorSimpleMaximum(worker.PollerBehaviorSimpleMaximumOptions{MaximumNumberOfPollers: 16}),
 		opts.WorkflowTaskPollerBehavior)
 	require.Equal(t, 8, opts.MaxConcurrentActivityTaskPollers)

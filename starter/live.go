@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/workflows"
+)
+
+// Live status: a tablet's checkpoint, records and lag in the stream's
+// status move when a GetChanges run ends (run.duration, 5 m by default).
+// While a run goes on, its heartbeat holds them as of its last commit,
+// and the worker sends it to the server at least every --live-every (2 s
+// by default). starter status reads each running tablet's pending run
+// from its workflow's description and shows the later of the two
+// (docs/operating.md#live-status): no history event, one describe per
+// running tablet per refresh.
+
+// liveStates are the states whose tablet has a run that may be pending.
+var liveStates = []workflows.State{workflows.Streaming, workflows.Retrying}
+
+// liveCalls bounds the describes in flight at once.
+const liveCalls = 32
+
+// liveRun is what a tablet's pending run says.
+type liveRun struct {
+	beat activities.Heartbeat
+	at   time.Time // when the server last got its heartbeat
+}
+
+// live returns each running tablet's pending run, by tablet (none: the
+// tablet has no pending run with a heartbeat, or its workflow could not be
+// described).
+func live(ctx context.Context, c client.Client, dc converter.DataConverter, st workflows.StreamStatus) map[string]liveRun {
+	if dc == nil {
+		dc = converter.GetDefaultDataConverter()
+	}
+	out := map[string]liveRun{}
+	var mu sync.Mutex
+	sem := make(chan struct{}, liveCalls)
+	var wg sync.WaitGroup
+	for _, t := range st.Tablets {
+		if !slices.Contains(liveStates, t.State) {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			d, err := c.DescribeWorkflow(ctx, workflows.TabletWorkflowID(st.Stream, t.ID), "")
+			if err != nil || d.RawResponse == nil {
+				return
+			}
+			for _, pa := range d.RawResponse.GetPendingActivities() {
+				if pa.GetActivityType().GetName() != "GetChanges" || pa.GetHeartbeatDetails() == nil {
+					continue
+				}
+				var hb activities.Heartbeat
+				if dc.FromPayloads(pa.GetHeartbeatDetails(), &hb) != nil {
+					continue
+				}
+				mu.Lock()
+				out[t.ID] = liveRun{beat: hb, at: pa.GetLastHeartbeatTime().AsTime()}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// withLive shows in st each tablet's pending run where it is past what
+// the status holds: its checkpoint, the records of its runs before plus
+// the run's, and its lag; age says, per tablet shown live, how old its
+// heartbeat is at now.
+func withLive(st workflows.StreamStatus, runs map[string]liveRun, now time.Time) (workflows.StreamStatus, map[string]time.Duration) {
+	age := map[string]time.Duration{}
+	st.Tablets = slices.Clone(st.Tablets)
+	for i := range st.Tablets {
+		t := &st.Tablets[i]
+		r, ok := runs[t.ID]
+		if !ok || r.beat.Checkpoint.Compare(t.Checkpoint) <= 0 {
+			continue // no run, or its heartbeat is not past the status (a run that just reported)
+		}
+		t.Checkpoint = r.beat.Checkpoint
+		t.Records += r.beat.Records
+		t.Batches += r.beat.Batches
+		t.LagSeconds = r.beat.LagSeconds
+		age[t.ID] = max(now.Sub(r.at), 0)
+	}
+	return st, age
+}
