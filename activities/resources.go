@@ -63,8 +63,9 @@ func (r *Resources) Tablets(ctx context.Context, src source.Source) ([]source.Ta
 	}
 }
 
-// sourceKey is what identifies a source client: its section but the
-// tables (a connection serves any tables).
+// sourceKey is what identifies a source client: its section, without the
+// tables for kinds that keep a stream's tables on their servers (one
+// client serves any tables; config.Kind.TablesInClient).
 type sourceKey struct{ kind, spec string }
 
 // sinkKey identifies a stream's sink: its whole section and the stream.

@@ -240,7 +240,9 @@ func printStatus(w io.Writer, st workflows.StreamStatus, age map[string]time.Dur
 			streaming++
 		}
 		rate := "-"
-		if p, ok := prev[t.ID]; ok && since > 0 {
+		// A run that just ended and was not reported yet shows its
+		// successor's few records for one refresh: no rate then.
+		if p, ok := prev[t.ID]; ok && since > 0 && t.Records >= p {
 			rate = fmt.Sprintf("%.0f", float64(t.Records-p)/since.Seconds())
 			delta += t.Records - p
 		}

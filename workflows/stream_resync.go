@@ -175,11 +175,14 @@ func (s *stream) makeResync(p PendingResync) {
 	}
 	var a *activities.Activities
 	r := resyncResult{Tablet: p.Tablet, ID: p.ID}
+	var after source.Checkpoint // the tablet's last checkpoint
+	if row := s.st.Tablets[p.Tablet]; row != nil {
+		after = row.Checkpoint
+	}
 	s.besideLoop(s.loopCtx, 0, workflow.ActivityOptions{
 		StartToCloseTimeout: 5 * time.Minute, Summary: "resync tablet " + p.Tablet + ": its fresh start at the source",
 		RetryPolicy: &temporal.RetryPolicy{MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: activities.NonRetryable},
-	}, a.Resync, activities.ResyncInput{Stream: s.id, Source: s.cfg.Source, Tablet: p.Tablet, ID: p.ID,
-		After: s.st.Tablets[p.Tablet].Checkpoint}, &r.Start,
+	}, a.Resync, activities.ResyncInput{Stream: s.id, Source: s.cfg.Source, Tablet: p.Tablet, ID: p.ID, After: after}, &r.Start,
 		func(ctx workflow.Context, err error) {
 			if err != nil {
 				r.Err = rootMessage(err)

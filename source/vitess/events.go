@@ -158,7 +158,7 @@ func (d *decoder) event(ev *binlogdatapb.VEvent) error {
 		done := d.copy
 		d.copy = nil
 		if done != nil && done.resync != "" {
-			return d.marker(source.ResyncEnd, d.at)
+			return d.marker(d.at, source.ResyncEnd)
 		}
 	case binlogdatapb.VEventType_INSERT, binlogdatapb.VEventType_UPDATE, binlogdatapb.VEventType_DELETE,
 		binlogdatapb.VEventType_REPLACE:
@@ -301,23 +301,26 @@ func (d *decoder) truncate(table string, ts int64) error {
 // ResyncBegin when it has copied nothing yet, ResyncEnd when nothing is
 // left (the copy ended before its end marker was delivered).
 func (d *decoder) resumed(state *copyState, copying bool, at time.Time) error {
+	var ops []source.Op
 	if state.resync == "" {
 		return nil
 	}
 	if !state.begun() {
-		if err := d.marker(source.ResyncBegin, at); err != nil {
-			return err
-		}
+		ops = append(ops, source.ResyncBegin)
 	}
 	if !copying {
-		return d.marker(source.ResyncEnd, at)
+		ops = append(ops, source.ResyncEnd)
 	}
-	return nil
+	return d.marker(at, ops...)
 }
 
-// marker makes a resync's marker a transaction of its own at the last
-// GTID event's position, after the records delivered there before.
-func (d *decoder) marker(op source.Op, at time.Time) error {
+// marker makes a resync's markers (none: nothing) one transaction at the
+// last GTID event's position, after the records delivered there before.
+// A zero at (a copy's COMMIT has no time) is filled in by the reader.
+func (d *decoder) marker(at time.Time, ops ...source.Op) error {
+	if len(ops) == 0 {
+		return nil
+	}
 	c, err := count(d.gtid)
 	if err != nil {
 		return newError(source.Fatal, "BAD_POSITION", "shard %s: %v", d.shard, err)
@@ -326,12 +329,15 @@ func (d *decoder) marker(op source.Op, at time.Time) error {
 	if c == d.last.Term {
 		base = d.last.Index
 	}
-	cp, err := d.next(base, 1, true)
+	cp, err := d.next(base, uint64(len(ops)), true)
 	if err != nil {
 		return err
 	}
-	rec := source.Record{Tablet: d.shard, Position: source.Checkpoint{Term: cp.Term, Index: base + 1}, CommitTime: at, Op: op}
-	d.ready = append(d.ready, whole{cp: cp, records: []source.Record{rec}})
+	recs := make([]source.Record, len(ops))
+	for i, op := range ops {
+		recs[i] = source.Record{Tablet: d.shard, Position: source.Checkpoint{Term: cp.Term, Index: base + uint64(i+1)}, CommitTime: at, Op: op}
+	}
+	d.ready = append(d.ready, whole{cp: cp, records: recs})
 	d.idle = source.Checkpoint{}
 	return nil
 }

@@ -146,6 +146,11 @@ func (r *Reader) GetChanges(ctx context.Context, req source.ChangesRequest) (sou
 	}
 	recs, cp := r.dec.take(req.MaxRecords, r.pos)
 	r.pos = cp
+	for i := range recs {
+		if recs[i].CommitTime.IsZero() { // a marker after a copy's rows, which have no time
+			recs[i].CommitTime = time.Now().UTC()
+		}
+	}
 	r.report(recs, cp)
 	// Caught up: nothing more received, and the last transaction was not
 	// part of a backlog (the vttablet sends each transaction as its own

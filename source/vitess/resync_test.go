@@ -2,6 +2,7 @@ package vitess
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,6 +83,26 @@ func TestAResyncIsACopyAtThePrimarysPositionBetweenMarkersAfterTheShardsLastChec
 	require.Equal(t, []source.Op{source.ResyncBegin, source.Read, source.Read, source.ResyncEnd}, ops)
 	require.Equal(t, "20.4@MariaDB/0-1-20", cp.String(), "the copy over, the checkpoint is a plain position")
 	require.False(t, recs[0].CommitTime.IsZero(), "a marker has a time (the sink's lag)")
+	require.False(t, recs[3].CommitTime.IsZero(), "the end marker too, after rows that have none")
+
+	// Read a transaction at a time: the checkpoints inside the copy carry
+	// the resync, so a reader opened at any of them goes on with it.
+	rd, err := s.OpenReplica(ctx, replicaOf(t, s, "zone2-0000000101"))
+	require.NoError(t, err)
+	defer rd.(*Reader).Close()
+	var during []string
+	for from := start; ; {
+		b, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: "s", Tablet: "-80", From: from, MaxRecords: 1, MaxWait: time.Second})
+		require.NoError(t, err)
+		from = b.Checkpoint
+		if !strings.Contains(from.Opaque, ";") {
+			break
+		}
+		during = append(during, from.Opaque)
+	}
+	require.Len(t, during, 2, "after the begin marker, after the rows: %v", during)
+	require.Equal(t, "MariaDB/0-1-20;copy;resync=-80%2F1", during[0])
+	require.Regexp(t, `^MariaDB/0-1-20;copy=customer;after=[^;]+;resync=-80%2F1$`, during[1])
 
 	// A shard with no transaction since its last checkpoint starts at it.
 	again, err := s.Resync(ctx, "s", "-80", "-80/2", source.Checkpoint{Term: 20, Index: 5, Opaque: "MariaDB/0-1-20"})
@@ -134,4 +155,16 @@ func TestAResyncsCopyGoesOnWithItsMarkersFromItsCheckpoints(t *testing.T) {
 	for _, r := range recs {
 		require.False(t, r.Op.Marker(), "%+v", r)
 	}
+}
+
+func TestAResyncWithNothingToCopyDeliversBothMarkersInOneTransaction(t *testing.T) {
+	d := newDecoder("-80", source.Checkpoint{Term: 20, Index: 2, Opaque: "MariaDB/0-1-20;copy;resync=r"})
+	d.gtid = "MariaDB/0-1-20"
+	at := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	require.NoError(t, d.resumed(&copyState{resync: "r"}, false, at))
+	recs, cp := d.take(1, source.Checkpoint{})
+	require.Len(t, recs, 2, "a checkpoint between them would lose the end")
+	require.Equal(t, []source.Op{source.ResyncBegin, source.ResyncEnd}, []source.Op{recs[0].Op, recs[1].Op})
+	require.Equal(t, source.Checkpoint{Term: 20, Index: 4}, recs[1].Position)
+	require.Equal(t, "20.4@MariaDB/0-1-20", cp.String())
 }
