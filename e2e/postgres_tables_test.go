@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -116,7 +118,8 @@ func TestPostgresTableAddedByConfigureUnderLoadThenRemoved(t *testing.T) {
 		got, err := p.replay(recs)
 		require.NoError(t, err)
 		require.True(t, reflect.DeepEqual(itemsAt[i], got["public.items"]),
-			"%s: the sink's items are the source's at the removal (%d rows replayed, %d then)", id, len(got["public.items"]), len(itemsAt[i]))
+			"%s: the sink's items are the source's at the removal (%d rows replayed, %d then): %s", id, len(got["public.items"]), len(itemsAt[i]),
+			firstDifference(itemsAt[i], got["public.items"]))
 	}
 }
 
@@ -169,4 +172,21 @@ func writeOrders(ctx context.Context, t *testing.T, bed *pgbed.Cluster) func() {
 			require.NoError(t, err)
 		}
 	}
+}
+
+// firstDifference names the first key (in key order) whose rows differ
+// between want and got, with both rows ("": none).
+func firstDifference(want, got map[string]map[string]any) string {
+	keys := slices.Sorted(maps.Keys(want))
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	for _, k := range keys {
+		if !reflect.DeepEqual(want[k], got[k]) {
+			return fmt.Sprintf("key %s: want %v, got %v", k, want[k], got[k])
+		}
+	}
+	return ""
 }
