@@ -345,18 +345,13 @@ func (s *Source) claim(ctx context.Context, sh *shard, f found) (found, bool, er
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('tabletflow'), hashtext($1))`, f.names.pub); err != nil {
 			return err
 		}
-		var comment *string
-		err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, f.names.pub).Scan(&comment)
+		m, err := readRecord(ctx, tx, f.names.pub)
 		if errors.Is(err, pgx.ErrNoRows) {
 			f.exists = false
 			return nil
 		}
 		if err != nil {
 			return err
-		}
-		var m streamMeta
-		if comment != nil {
-			_ = json.Unmarshal([]byte(*comment), &m)
 		}
 		if m.Stream == "" {
 			m.Stream = stream
@@ -548,23 +543,41 @@ func rewrite(ctx context.Context, tx pgx.Tx, pub string, change func(m *streamMe
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('tabletflow'), hashtext($1))`, pub); err != nil {
 		return err
 	}
-	var comment *string
-	err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment)
+	m, err := readRecord(ctx, tx, pub)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: publication %s is gone", errPublication, pub)
 	}
 	if err != nil {
 		return err
 	}
-	var m streamMeta
-	if comment != nil {
-		_ = json.Unmarshal([]byte(*comment), &m)
-	}
 	changed, err := change(&m)
 	if err != nil || !changed {
 		return err
 	}
 	return m.record(ctx, tx, pub)
+}
+
+// readRecord reads the stream's record, publication pub's comment, in tx
+// (pgx.ErrNoRows: no such publication; a comment that is not a record
+// reads as an empty one).
+func readRecord(ctx context.Context, tx pgx.Tx, pub string) (streamMeta, error) {
+	var comment *string
+	var m streamMeta
+	err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment)
+	if err == nil && comment != nil {
+		_ = json.Unmarshal([]byte(*comment), &m)
+	}
+	return m, err
+}
+
+// tablesOr are the tables the stream reads by the record: the ones its
+// last SetTables (or, from that version, its creation) recorded, else
+// configured (a record from before).
+func (m streamMeta) tablesOr(configured []string) []string {
+	if len(m.Tables) > 0 {
+		return m.Tables
+	}
+	return configured
 }
 
 // slotRow is a slot's state on one replica.

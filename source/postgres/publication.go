@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -61,17 +60,9 @@ func (r *replica) publicationLacks(ctx context.Context, n names, configured []st
 	var insert, update, del, truncate bool
 	var unpublished []string
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		var comment *string
-		if err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1`, pub).Scan(&comment); err != nil {
+		m, err := readRecord(ctx, tx, pub)
+		if err != nil {
 			return err
-		}
-		var m streamMeta
-		if comment != nil {
-			_ = json.Unmarshal([]byte(*comment), &m)
-		}
-		tables := configured
-		if len(m.Tables) > 0 {
-			tables = m.Tables
 		}
 		return tx.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
 		ARRAY(SELECT t FROM unnest($2::text[]) t WHERE NOT (p.puballtables
@@ -82,7 +73,7 @@ func (r *replica) publicationLacks(ctx context.Context, n names, configured []st
 				WHERE pr.prpubid = p.oid AND n.nspname || '.' || c.relname = t)
 			OR EXISTS (SELECT FROM pg_publication_namespace pn JOIN pg_namespace n ON n.oid = pn.pnnspid
 				WHERE pn.pnpubid = p.oid AND n.nspname = split_part(t, '.', 1))))
-		FROM pg_publication p WHERE p.pubname = $1`, pub, tables).Scan(&insert, &update, &del, &truncate, &unpublished)
+		FROM pg_publication p WHERE p.pubname = $1`, pub, m.tablesOr(configured)).Scan(&insert, &update, &del, &truncate, &unpublished)
 	})
 	e := &publicationError{pub: pub, alias: r.cfg.Alias, tables: unpublished}
 	if errors.Is(err, pgx.ErrNoRows) {

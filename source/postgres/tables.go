@@ -151,12 +151,6 @@ func tableIdents(tables []string) string {
 	return strings.Join(idents, ", ")
 }
 
-// tablesOf are the tables the stream reads by its record: the ones its
-// last SetTables (or, from this version, its creation) recorded, else the
-// config's.
-func (s *Source) tablesOf(m streamMeta) []string {
-	if len(m.Tables) > 0 {
-		return m.Tables
-	}
-	return s.cfg.Tables
-}
+// tablesOf are the tables the stream reads by its record, else the
+// config's (streamMeta.tablesOr).
+func (s *Source) tablesOf(m streamMeta) []string { return m.tablesOr(s.cfg.Tables) }
