@@ -39,13 +39,7 @@ func TestPostgresAdhocSnapshotOfOneTableUnderLoad(t *testing.T) {
 	const stream = "pgadhoc"
 	// The default run.duration (5 m): a run whose copy finishes ends
 	// there and reports it, so the snapshot is Done well before.
-	p.startStream(stream, p.config(out, map[string]any{"batch": map[string]any{"maxRecords": 100}}))
-	p.waitStatus(stream, "both shards streaming", 2*time.Minute, allStreaming(2))
-	load := p.bed.StartWorkload(pgbed.WorkloadOptions{Rate: 40, Seed: 33, KeepGoing: true})
-	p.eventually("changes reach the sink", time.Minute, func() (bool, string) {
-		n := sinkRecords(out)
-		return n >= 200, fmt.Sprintf("%d records", n)
-	})
+	load := p.streamUnderLoad(stream, out, 33)
 	require.Error(t, p.update(stream, workflows.CmdSnapshot, `{"tables": ["public.nope"]}`), "a table the stream does not read is refused")
 
 	p.signal(stream, workflows.CmdSnapshot, `{"tables": ["public.orders"], "reason": "e2e: backfill orders"}`)
@@ -105,4 +99,20 @@ func reads(t *testing.T, out, tablet string) int {
 		}
 	}
 	return n
+}
+
+// streamUnderLoad starts a stream of both shards into the JSONL directory
+// out in batches of 100, waits until both stream, starts a workload of 40
+// transactions a second per shard (seed) and waits until 200 records
+// reach the sink.
+func (p *pgEnv) streamUnderLoad(stream, out string, seed uint64) *pgbed.Workload {
+	p.t.Helper()
+	p.startStream(stream, p.config(out, map[string]any{"batch": map[string]any{"maxRecords": 100}}))
+	p.waitStatus(stream, "both shards streaming", 2*time.Minute, allStreaming(2))
+	load := p.bed.StartWorkload(pgbed.WorkloadOptions{Rate: 40, Seed: seed, KeepGoing: true})
+	p.eventually("changes reach the sink", time.Minute, func() (bool, string) {
+		n := sinkRecords(out)
+		return n >= 200, fmt.Sprintf("%d records", n)
+	})
+	return load
 }

@@ -42,13 +42,7 @@ func TestPostgresTableAddedByConfigureUnderLoadThenRemoved(t *testing.T) {
 	p.startWorker()
 	out := t.TempDir()
 	const stream = "pgtables"
-	p.startStream(stream, p.config(out, map[string]any{"batch": map[string]any{"maxRecords": 100}}))
-	p.waitStatus(stream, "both shards streaming", 2*time.Minute, allStreaming(2))
-	load := p.bed.StartWorkload(pgbed.WorkloadOptions{Rate: 40, Seed: 34, KeepGoing: true})
-	p.eventually("changes reach the sink", time.Minute, func() (bool, string) {
-		n := sinkRecords(out)
-		return n >= 200, fmt.Sprintf("%d records", n)
-	})
+	load := p.streamUnderLoad(stream, out, 34)
 	requireNoItems := func(why string) {
 		t.Helper()
 		for _, id := range []string{"s1", "s2"} {
