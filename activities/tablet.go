@@ -248,8 +248,13 @@ func (a *Activities) GetChanges(ctx context.Context, in GetChangesInput) (GetCha
 	err := r.loop()
 	if err == nil && r.res.Copy == nil {
 		// No commit saw a copy: the reader's own word (one that found
-		// its copy complete as it opened).
+		// its copy complete as it opened). Rows it handed out were in a
+		// batch the run ended before committing: the copy is not done
+		// until a run commits them (the next reader copies them again).
 		r.res.Copy = r.cur.copied()
+		if c := r.res.Copy; c != nil && c.Rows > 0 {
+			c.Done = false
+		}
 	}
 	return r.res, r.counted(err)
 }

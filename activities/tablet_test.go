@@ -965,6 +965,35 @@ func TestGetChangesEndsTheRunWhenItsCopyFinishes(t *testing.T) {
 	}
 }
 
+// A run that commits nothing reports its reader's copy as the reader
+// has it: done when the reader found it complete as it opened, and not
+// done when the reader handed rows of it out in a batch the run never
+// committed (it ended first): the next run copies them again, and the
+// stream must not take the copy for done before a sink holds them.
+func TestGetChangesReportsACopyWhoseRowsNoCommitTookUnderWay(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		rows int64
+		done bool
+	}{
+		{"found complete as the reader opened", 0, true},
+		{"its last rows handed out in a batch not committed", 3, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.script() // the run ends at its first poll, committing nothing
+			r.src.copyOf = func(int) *source.CopyProgress {
+				return &source.CopyProgress{Kind: source.CopySnapshot, ID: "snapshot-1", Tables: 1, TablesDone: 1, Rows: tt.rows, Done: true}
+			}
+			res, err := r.run(r.activityEnv(context.Background()), input())
+			require.NoError(t, err)
+			require.Zero(t, res.Batches)
+			require.NotNil(t, res.Copy)
+			require.Equal(t, tt.done, res.Copy.Done)
+		})
+	}
+}
+
 // snapshotterSource is a fakeSource that takes snapshot jobs, answering
 // each tablet with answers[tablet] (nil: taken).
 type snapshotterSource struct {

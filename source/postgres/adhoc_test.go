@@ -318,3 +318,80 @@ func TestAResyncEndsTheShardsSnapshotJob(t *testing.T) {
 	require.True(t, c.Done)
 	require.Equal(t, 2, c.TablesDone)
 }
+
+// A read that fails after the reader returned a chunk (the run's context
+// cancelled in the middle of the next chunk: the reader closes itself)
+// leaves the chunk to the caller's Ack that comes after it, as a run's
+// last Ack does: that Ack marks the chunk, and the next reader copies on
+// after it, no row twice and none missed. (Once the failed read forgot
+// the chunk, and the next reader copied it again: a whole job, when the
+// run ended as its copy finished.)
+func TestAChunkReturnedBeforeAFailedReadIsMarkedByTheAckAfterIt(t *testing.T) {
+	const stream = "failedread"
+	const items = 200
+	b, cp := latestBed(t, pgbed.Options{Shards: 1}, stream, items, 10)
+	ctx := ctxT(t, 2*time.Minute)
+	require.NoError(t, b.src.Snapshot(ctx, stream, "s1", source.SnapshotJob{ID: "j1", Tables: []string{"public.items"}}))
+	rd := b.primaryReader(t)
+	var first source.Batch
+	for len(first.Records) == 0 { // not acked
+		require.NoError(t, ctx.Err(), "no chunk within 2 minutes")
+		var err error
+		first, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: 50, MaxWait: 2 * time.Second})
+		require.NoError(t, err)
+		cp = first.Checkpoint
+	}
+	require.Equal(t, 50, len(reads(first.Records)["public.items"]), "the first chunk")
+
+	readCtx, cancel := context.WithCancel(ctx)
+	restore := postgres.SetSnapshotHook(func(step string) {
+		if step == "selected" {
+			cancel() // the next chunk is selected, and its read fails
+		}
+	})
+	_, err := rd.GetChanges(readCtx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: 50, MaxWait: 2 * time.Second})
+	restore()
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, rd.Ack(ctx, stream, "s1", cp), "the caller committed the first chunk")
+	require.NoError(t, rd.Close())
+
+	rd = b.primaryReader(t)
+	rest, _ := readCopy(t, rd, stream, cp, 50)
+	all := append(slices.Clone(first.Records), rest...)
+	require.Equal(t, items, len(reads(all)["public.items"]), "every row once (copied again: the first chunk was not marked)")
+	seen := map[string]bool{}
+	for _, r := range reads(all)["public.items"] {
+		require.False(t, seen[string(r.Key)], "row %s twice", r.Key)
+		seen[string(r.Key)] = true
+	}
+}
+
+// A table removed from the stream (SetTables) while a reader copies it
+// in a job is copied no further: the next chunk, selected after the
+// removal, sees it unpublished, and the copy ends there, done. Its rows
+// changed after the removal reach the stream neither as changes nor as
+// copies. (Once a reader that had opened the job before the removal
+// copied on, and a sink got an update made after it.)
+func TestATableRemovedWhileAReaderCopiesItIsCopiedNoFurther(t *testing.T) {
+	const stream = "removed"
+	b, cp := latestBed(t, pgbed.Options{Shards: 1}, stream, 300, 10)
+	ctx := ctxT(t, 2*time.Minute)
+	p := b.c.Shards[0].Primary
+	require.NoError(t, b.src.Snapshot(ctx, stream, "s1", source.SnapshotJob{ID: "j1", Tables: []string{"public.items"}}))
+	rd := b.primaryReader(t)
+	first, cp := getAcked(t, rd, stream, cp, 50)
+	require.Equal(t, 50, len(reads(first)["public.items"]), "the first chunk")
+	require.False(t, rd.Copy().Done)
+
+	require.NoError(t, b.src.SetTables(ctx, stream, []string{"public.orders"}, time.Now()))
+	require.NoError(t, p.Exec(ctx, `UPDATE public.items SET qty = qty + 100; UPDATE public.orders SET amount = amount + 1 WHERE id = 1`))
+	rest, cp := readCopy(t, rd, stream, cp, 50)
+	more, _ := read(t, rd, stream, cp, -1)
+	rest = append(rest, more...)
+	require.True(t, rd.Copy().Done, "the copy ends with the table's removal")
+	for _, r := range rest {
+		require.NotEqual(t, "public.items", r.Table, "after the removal: %s %s", r.Op, r.Key)
+	}
+	require.True(t, slices.ContainsFunc(rest, func(r source.Record) bool { return r.Table == "public.orders" && r.Op == source.Update }),
+		"the stream reads on")
+}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -77,9 +78,10 @@ type Reader struct {
 	waiting bool
 	rels    map[uint32]*relation
 	// snap is the shard's snapshot copy in progress (nil: none; or done);
-	// unacked the chunks handed out and not yet marked acked; lastCopy
-	// the report of the copy open, or of the last one, kept across Close
-	// (Copy).
+	// unacked the chunks handed out and not yet marked acked (the ones in
+	// batches GetChanges returned are kept across Close: see
+	// keepReturned); lastCopy the report of the copy open, or of the
+	// last one, kept across Close (Copy).
 	snap     *snapshot
 	unacked  []handedOut
 	lastCopy *source.CopyProgress
@@ -255,9 +257,23 @@ func (r *Reader) Close() error {
 		r.conn = nil
 	}
 	r.mu.Unlock()
-	r.open, r.ready, r.rels, r.snap, r.unacked = nil, nil, nil, nil, nil
+	r.open, r.ready, r.rels, r.snap = nil, nil, nil, nil
+	r.keepReturned(r.pos)
 	r.waiting = false
 	return nil
+}
+
+// keepReturned keeps of the chunks handed out the ones at or before cp,
+// the checkpoint of the last batch GetChanges returned (Close), or the
+// committed one a reader starts from (start): the caller may still
+// commit, or has committed, them, and its Ack marks them acked. A read
+// that fails because the run is ending (its context cancelled) closes
+// the reader before the run's last Ack: without them that Ack would mark
+// nothing, and the next reader would copy the chunks again, in the worst
+// case a whole ad-hoc job the stream holds already. The later ones were
+// never returned (or not committed) and are copied again.
+func (r *Reader) keepReturned(cp source.Checkpoint) {
+	r.unacked = slices.DeleteFunc(r.unacked, func(h handedOut) bool { return h.last.Compare(cp) > 0 })
 }
 
 // start checks that the stream's publication publishes what it reads and
@@ -305,8 +321,9 @@ func (r *Reader) start(ctx context.Context, stream string, from source.Checkpoin
 		return err
 	}
 	if r.stream != stream {
-		r.acked = 0 // another stream's
+		r.acked, r.unacked = 0, nil // another stream's
 	}
+	r.keepReturned(from)
 	r.conn, r.stream, r.pos = conn, stream, from
 	// Not from: after a failed Ack the reader reconnects where it goes
 	// on reading, past batches the sink has not committed.

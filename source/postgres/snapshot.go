@@ -495,7 +495,12 @@ func (r *Reader) nextChunk(ctx context.Context, stream string, size int) error {
 	if err != nil {
 		return fmt.Errorf("snapshot of %s on %s: %w", t.name, r.rep.cfg.Alias, err)
 	}
-	recs, last, err := selectChunk(ctx, tx, t, snap.last, size)
+	var recs []source.Record
+	var last []string
+	published, err := stillPublished(ctx, tx, r.names.pub, t)
+	if err == nil && published {
+		recs, last, err = selectChunk(ctx, tx, t, snap.last, size)
+	}
 	_ = tx.Rollback(ctx) // read only
 	if err != nil {
 		return fmt.Errorf("snapshot of %s on %s: %w", t.name, r.rep.cfg.Alias, err)
@@ -594,6 +599,25 @@ func waitReplayed(ctx context.Context, pool interface {
 		err = fmt.Errorf("the standby did not replay %s within %v", lsn, replayWait)
 	}
 	return err
+}
+
+// stillPublished reports whether the stream's publication pub publishes
+// t (itself, or a partitioned table it is a partition of) in tx's
+// snapshot, the one its chunk is selected in. A table removed from the
+// stream (SetTables) while a reader copies it is copied no further, as if
+// it had no more rows: a chunk selected after the removal would carry
+// changes the change log no longer streams, so the sink would hold some
+// changes made after the removal and not others. Every chunk selected
+// before the removal holds rows as they were before it. (The catalog
+// table, not pg_publication_tables: the view's function reads the latest
+// catalog, not the snapshot. pg_partition_ancestors has no row for a
+// table that is not a partition.)
+func stillPublished(ctx context.Context, tx pgx.Tx, pub string, t snapTable) (bool, error) {
+	var ok bool
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr
+		JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+		WHERE p.pubname = $1 AND (pr.prrelid = $2::oid OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors($2::oid))))`, pub, t.rel.RelationID).Scan(&ok)
+	return ok, err
 }
 
 // selectChunk reads up to size rows of t after the key last, in key order,
