@@ -94,6 +94,7 @@ func (a *Activities) startRun(ctx context.Context, in GetChangesInput) *changesR
 	if r.lastSuccess.IsZero() {
 		r.lastSuccess = a.now()
 	}
+	a.Metrics.RunStarted(in.Stream, in.Tablet, r.lastSuccess)
 	// Until this attempt commits, its heartbeat says why the last one failed.
 	r.beat = startHeartbeats(func(d Heartbeat) { activity.RecordHeartbeat(ctx, d) }, r.progress(r.prevError), a.heartbeatEvery(info.HeartbeatTimeout))
 	r.sig = a.startSignals(ctx, info)
@@ -122,6 +123,7 @@ func (r *changesRun) release() {
 	}
 	r.sig.close()
 	r.beat.stop()
+	r.a.Metrics.RunEnded(r.in.Stream, r.in.Tablet)
 }
 
 // progress is the heartbeat detail of the run's committed progress, with
@@ -571,6 +573,7 @@ func (r *changesRun) readSlot() {
 // after the source's commit they were committed.
 func (r *changesRun) observe(group []polled, n int, began time.Time) {
 	r.a.Metrics.Batch(r.in.Stream, r.in.Tablet, n, r.lastSuccess.Sub(began), r.res.LagSeconds, r.headroom())
+	r.a.Metrics.CommittedAt(r.in.Stream, r.in.Tablet, r.lastSuccess)
 	if oldest := oldestCommitTime(group); !oldest.IsZero() {
 		r.a.Metrics.Committed(r.in.Stream, r.lastSuccess.Sub(oldest))
 	}

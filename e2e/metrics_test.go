@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -78,4 +79,42 @@ func TestWorkerMetricsMoveWhileStreaming(t *testing.T) {
 		return m["tabletflow_retries_total"] > 0, fmt.Sprint(m["tabletflow_retries_total"])
 	})
 	e.heal(r, "t-0001")
+
+	// The alerting gauges: every tablet streaming, none not streaming and
+	// the worst running tablet's last commit recent; then every replica of
+	// t-0002 excluded: one tablet not streaming, counted until it streams
+	// again.
+	alerting := func(want float64) func() (bool, string) {
+		return func() (bool, string) {
+			s, err := promscrape.Get(e.metrics)
+			if err != nil {
+				return false, err.Error()
+			}
+			notStreaming, notOK := streamSample(s, "tabletflow_tablets_not_streaming", "metrics")
+			since, sinceOK := streamSample(s, "tabletflow_seconds_since_last_commit", "metrics")
+			return notOK && notStreaming == want && sinceOK && since < 10,
+				fmt.Sprintf("tablets not streaming %v (exported: %v), seconds since the last commit %v (exported: %v)", notStreaming, notOK, since, sinceOK)
+		}
+	}
+	e.eventually("no tablet not streaming", time.Minute, alerting(0))
+	var aliases []string
+	for _, r := range e.replicasOf("t-0002") {
+		aliases = append(aliases, r.Alias)
+	}
+	in, _ := json.Marshal(map[string]any{"aliases": aliases, "tablet": "t-0002", "reason": "drain"})
+	e.signal("metrics", "exclude", string(in))
+	e.eventually("t-0002 not streaming", time.Minute, alerting(1))
+	e.signal("metrics", "include", fmt.Sprintf(`{"aliases": [%q]}`, aliases[0]))
+	e.eventually("t-0002 streams again", time.Minute, alerting(0))
+}
+
+// streamSample is the value of name's series for stream in s, and whether
+// there is one.
+func streamSample(s promscrape.Scrape, name, stream string) (float64, bool) {
+	for _, v := range s.Series[name] {
+		if v.Labels["stream"] == stream {
+			return v.Value, true
+		}
+	}
+	return 0, false
 }

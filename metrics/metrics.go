@@ -29,13 +29,17 @@ type Metrics struct {
 	Latency    *prometheus.HistogramVec
 	CommitLag  *prometheus.HistogramVec
 	Acks       *prometheus.CounterVec
+	runs       *runClock
 }
 
 // New registers tabletflow's metrics with reg.
 func New(reg prometheus.Registerer) *Metrics {
 	f := func(c prometheus.Collector) prometheus.Collector { reg.MustRegister(c); return c }
 	st := []string{"stream", "tablet"}
+	runs := &runClock{last: map[string]map[string]time.Time{}, now: time.Now}
+	reg.MustRegister(runs)
 	return &Metrics{
+		runs: runs,
 		Records: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_records_written_total",
 			Help: "Records written to the sink and committed."}, st)).(*prometheus.CounterVec),
 		Batches: f(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tabletflow_batches_written_total",

@@ -81,8 +81,9 @@ func run() error {
 		return err
 	}
 	var m *metrics.Metrics
+	var reg *prometheus.Registry
 	if *metricsAddr != "" {
-		reg := prometheus.NewRegistry()
+		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		m = metrics.New(reg)
 		metrics.SinkSyncs(reg, jsonl.Syncs)
@@ -121,6 +122,9 @@ func run() error {
 	cancel()
 	if err != nil {
 		return err
+	}
+	if reg != nil {
+		metrics.Streams(reg, streamStates(c, opts.Namespace, opts.DataConverter))
 	}
 
 	res := activities.NewResources()

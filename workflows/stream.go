@@ -735,7 +735,7 @@ func (s *stream) details(ctx workflow.Context) {
 	workflow.SetCurrentDetails(ctx, fmt.Sprintf("stream **%s**: %d tablets (%s), %d records written",
 		s.id, len(s.st.Tablets), strings.Join(parts, ", "), records))
 	if s.memoStale(memo, exclude) {
-		fields := map[string]any{"tabletStates": memo, "exclude": exclude}
+		fields := map[string]any{MemoTabletStates: memo, "exclude": exclude}
 		if s.exclusionsMemo {
 			fields[activities.MemoExclusions] = s.st.Exclude
 		}
@@ -745,6 +745,10 @@ func (s *stream) details(ctx workflow.Context) {
 		s.memo, s.memoExclude, s.memoSet = memo, exclude, true
 	}
 }
+
+// MemoTabletStates is the stream's memo field that counts its tablets by
+// state (a JSON object, state to count, states with none left out).
+const MemoTabletStates = "tabletStates"
 
 // memoStates are the states the memo counts, in the order the details
 // name them.

@@ -1,6 +1,7 @@
 package repocheck
 
 import (
+	"context"
 	"go/ast"
 	"go/constant"
 	"go/parser"
@@ -64,8 +65,8 @@ type metricSet struct {
 
 // workerMetrics returns what the worker registers.
 //
-// What is checkable: tabletflow's own metrics (metrics.New and
-// metrics.SinkSyncs) by name, every one of them. The Temporal SDK's
+// What is checkable: tabletflow's own metrics (metrics.New,
+// metrics.SinkSyncs and metrics.Streams) by name, every one of them. The Temporal SDK's
 // metrics are made lazily, by name, as the SDK first records each
 // (metrics/sdk.go); which exist depends on what the worker has done, so
 // the docs name them by pattern, and the check derives that pattern by
@@ -83,6 +84,7 @@ func workerMetrics(t *testing.T) metricSet {
 	reg := &describingRegistry{Registry: prometheus.NewRegistry(), names: map[string]bool{}}
 	metrics.New(reg)
 	metrics.SinkSyncs(reg, func() (uint64, uint64) { return 0, 0 })
+	metrics.Streams(reg, func(context.Context) (map[string]map[string]int, error) { return nil, nil })
 	m.names = gatheredNames(t, reg.Registry)
 	for n := range reg.names {
 		m.names = append(m.names, n)
