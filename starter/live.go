@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -74,16 +75,33 @@ func live(ctx context.Context, c client.Client, dc converter.DataConverter, st w
 	return out
 }
 
+// stallAfter: a Streaming tablet whose pending run has not committed for
+// longer than this is stalled. A run commits after every read, one that
+// found nothing too (reads wait batch.maxWait at most, 5 s by default), so
+// a minute without a commit means a read or the sink hangs; the stream's
+// own state still says Streaming (a hung run fails only when its
+// heartbeat or commit times out, if ever).
+const stallAfter = time.Minute
+
+// stalledReason is the reason starter status gives a stalled tablet.
+func stalledReason(since time.Duration) string {
+	return fmt.Sprintf("stalled: no commit for %s (a read or the sink hangs)", since.Round(time.Second))
+}
+
 // withLive shows in st each tablet's pending run where it is past what
 // the status holds: its checkpoint, the records of its runs before plus
 // the run's, and its lag; age says, per tablet shown live, how old its
-// heartbeat is at now.
+// heartbeat is at now. A Streaming tablet whose run's last commit is
+// more than stallAfter before now gets stalledReason as its reason.
 func withLive(st workflows.StreamStatus, runs map[string]liveRun, now time.Time) (workflows.StreamStatus, map[string]time.Duration) {
 	age := map[string]time.Duration{}
 	st.Tablets = slices.Clone(st.Tablets)
 	for i := range st.Tablets {
 		t := &st.Tablets[i]
 		r, ok := runs[t.ID]
+		if since := now.Sub(r.beat.LastSuccess); ok && t.State == workflows.Streaming && !r.beat.LastSuccess.IsZero() && since > stallAfter {
+			t.Reason = stalledReason(since)
+		}
 		if !ok || r.beat.Checkpoint.Compare(t.Checkpoint) <= 0 {
 			continue // no run, or its heartbeat is not past the status (a run that just reported)
 		}
