@@ -263,15 +263,18 @@ func (r *Reader) Close() error {
 	return nil
 }
 
-// keepReturned keeps of the chunks handed out the ones at or before cp,
+// keepReturned keeps of the chunks handed out the ones at or before cp:
 // the checkpoint of the last batch GetChanges returned (Close), or the
-// committed one a reader starts from (start): the caller may still
-// commit, or has committed, them, and its Ack marks them acked. A read
-// that fails because the run is ending (its context cancelled) closes
-// the reader before the run's last Ack: without them that Ack would mark
-// nothing, and the next reader would copy the chunks again, in the worst
-// case a whole ad-hoc job the stream holds already. The later ones were
-// never returned (or not committed) and are copied again.
+// one the caller asks to read from (start). A chunk after cp was never
+// returned, or the caller reads it again from an earlier checkpoint: it
+// is copied again, at a new watermark, and must not be marked by an Ack
+// that reaches its old place (its rows may not be committed then). One
+// at or before cp is marked by an Ack at or past its last position, and
+// Acks carry checkpoints the sink committed. A read that fails because
+// the run is ending (its context cancelled) closes the reader before the
+// run's last Ack: without the chunks kept, that Ack would mark nothing,
+// and the next reader would copy them again, in the worst case a whole
+// ad-hoc job the stream holds already.
 func (r *Reader) keepReturned(cp source.Checkpoint) {
 	r.unacked = slices.DeleteFunc(r.unacked, func(h handedOut) bool { return h.last.Compare(cp) > 0 })
 }
