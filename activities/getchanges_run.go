@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tabletflow/tabletflow/config"
+	"github.com/tabletflow/tabletflow/metrics"
 	"github.com/tabletflow/tabletflow/sink"
 	"github.com/tabletflow/tabletflow/source"
 )
@@ -41,6 +42,8 @@ type changesRun struct {
 	// lastSuccess is when a poll last succeeded (committed), for the
 	// retention headroom.
 	lastSuccess time.Time
+	// clock: the run in the worker's seconds-since-last-commit gauge.
+	clock *metrics.Run
 
 	beat *heartbeater
 	sig  *signals
@@ -94,7 +97,7 @@ func (a *Activities) startRun(ctx context.Context, in GetChangesInput) *changesR
 	if r.lastSuccess.IsZero() {
 		r.lastSuccess = a.now()
 	}
-	a.Metrics.RunStarted(in.Stream, in.Tablet, r.lastSuccess)
+	r.clock = a.Metrics.RunStarted(in.Stream, r.lastSuccess)
 	// Until this attempt commits, its heartbeat says why the last one failed.
 	r.beat = startHeartbeats(func(d Heartbeat) { activity.RecordHeartbeat(ctx, d) }, r.progress(r.prevError), a.heartbeatEvery(info.HeartbeatTimeout))
 	r.sig = a.startSignals(ctx, info)
@@ -123,7 +126,7 @@ func (r *changesRun) release() {
 	}
 	r.sig.close()
 	r.beat.stop()
-	r.a.Metrics.RunEnded(r.in.Stream, r.in.Tablet)
+	r.clock.Ended()
 }
 
 // progress is the heartbeat detail of the run's committed progress, with
@@ -573,7 +576,7 @@ func (r *changesRun) readSlot() {
 // after the source's commit they were committed.
 func (r *changesRun) observe(group []polled, n int, began time.Time) {
 	r.a.Metrics.Batch(r.in.Stream, r.in.Tablet, n, r.lastSuccess.Sub(began), r.res.LagSeconds, r.headroom())
-	r.a.Metrics.CommittedAt(r.in.Stream, r.in.Tablet, r.lastSuccess)
+	r.clock.Committed(r.lastSuccess)
 	if oldest := oldestCommitTime(group); !oldest.IsZero() {
 		r.a.Metrics.Committed(r.in.Stream, r.lastSuccess.Sub(oldest))
 	}

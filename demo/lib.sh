@@ -79,7 +79,9 @@ start_worker() {
   if running pgbed && [ -f "$DATA/pg.env" ]; then
     mapfile -t env <"$DATA/pg.env"
   fi
-  start worker env "${env[@]}" "$BIN/worker" --log-format json
+  # --live-every: starter status shows each tablet's progress within
+  # seconds (docs/operating.md#live-status).
+  start worker env "${env[@]}" "$BIN/worker" --log-format json --live-every 2s
 }
 
 # worker_env_has KEY=VALUE: the running worker's environment holds it.

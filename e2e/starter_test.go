@@ -108,6 +108,7 @@ func (e *env) starterStatus(stream string, args ...string) workflows.StreamStatu
 // workflow's, which stay put.
 func TestStarterStatusShowsEachStreamingTabletsCheckpointMovingWithin5s(t *testing.T) {
 	e := newEnv(t, "--tablets", "3", "--rate", "50")
+	e.workerArgs = append(e.workerArgs, "--live-every", "2s")
 	e.startWorker()
 	out := filepath.Join(e.dir, "out")
 	const stream = "live"

@@ -36,7 +36,7 @@ type Metrics struct {
 func New(reg prometheus.Registerer) *Metrics {
 	f := func(c prometheus.Collector) prometheus.Collector { reg.MustRegister(c); return c }
 	st := []string{"stream", "tablet"}
-	runs := &runClock{last: map[string]map[string]time.Time{}, now: time.Now}
+	runs := &runClock{runs: map[string]map[*Run]bool{}, now: time.Now}
 	reg.MustRegister(runs)
 	return &Metrics{
 		runs: runs,

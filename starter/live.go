@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/converter"
 
@@ -33,6 +34,9 @@ const liveCalls = 32
 type liveRun struct {
 	beat activities.Heartbeat
 	at   time.Time // when the server last got its heartbeat
+	// started: a worker runs the attempt now (not one waiting for its
+	// retry, or for a worker).
+	started bool
 }
 
 // live returns each running tablet's pending run, by tablet (none: the
@@ -66,7 +70,7 @@ func live(ctx context.Context, c client.Client, dc converter.DataConverter, st w
 					continue
 				}
 				mu.Lock()
-				out[t.ID] = liveRun{beat: hb, at: pa.GetLastHeartbeatTime().AsTime()}
+				out[t.ID] = liveRun{beat: hb, at: pa.GetLastHeartbeatTime().AsTime(), started: pa.GetState() == enumspb.PENDING_ACTIVITY_STATE_STARTED}
 				mu.Unlock()
 			}
 		})
@@ -75,13 +79,16 @@ func live(ctx context.Context, c client.Client, dc converter.DataConverter, st w
 	return out
 }
 
-// stallAfter: a Streaming tablet whose pending run has not committed for
-// longer than this is stalled. A run commits after every read, one that
-// found nothing too (reads wait batch.maxWait at most, 5 s by default), so
-// a minute without a commit means a read or the sink hangs; the stream's
-// own state still says Streaming (a hung run fails only when its
-// heartbeat or commit times out, if ever).
-const stallAfter = time.Minute
+// stallAfter: a Streaming tablet whose running attempt has not committed
+// for longer than this is stalled. A run commits after every read, one
+// that found nothing too (a read waits batch.maxWait at most: 1 m at the
+// most, 5 s by default), so two minutes without a commit mean a read or
+// the sink hangs; the stream's own state still says Streaming (a hung run
+// fails only when its heartbeat or commit times out, if ever). Not
+// flagged: an attempt waiting for its retry or a worker, or a retry
+// that has not committed yet (its heartbeat holds its predecessor's last
+// commit, and its LastError says why it failed).
+const stallAfter = 2 * time.Minute
 
 // stalledReason is the reason starter status gives a stalled tablet.
 func stalledReason(since time.Duration) string {
@@ -99,7 +106,8 @@ func withLive(st workflows.StreamStatus, runs map[string]liveRun, now time.Time)
 	for i := range st.Tablets {
 		t := &st.Tablets[i]
 		r, ok := runs[t.ID]
-		if since := now.Sub(r.beat.LastSuccess); ok && t.State == workflows.Streaming && !r.beat.LastSuccess.IsZero() && since > stallAfter {
+		if since := now.Sub(r.beat.LastSuccess); ok && r.started && r.beat.LastError == "" && t.State == workflows.Streaming &&
+			!r.beat.LastSuccess.IsZero() && since > stallAfter {
 			t.Reason = stalledReason(since)
 		}
 		if !ok || r.beat.Checkpoint.Compare(t.Checkpoint) <= 0 {

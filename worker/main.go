@@ -46,7 +46,7 @@ func run() error {
 		"activities run at once: one long-running GetChanges per tablet this worker serves, plus headroom")
 	stopTimeout := flag.Duration("stop-timeout", 30*time.Second,
 		"on SIGTERM, how long in-flight GetChanges get to commit and return")
-	liveEvery := flag.Duration("live-every", 2*time.Second,
+	liveEvery := flag.Duration("live-every", 0,
 		"how often at most each running tablet's progress (checkpoint, records, lag) reaches the server as its heartbeat, which starter status shows live: one heartbeat call per running tablet this often (0: 80% of run.heartbeatTimeout, the SDK's default)")
 	pollers := flag.Int("pollers", 8, "activity task pollers, and workflow task pollers for each of the normal and the sticky queue (twice this in all)")
 	adaptiveProcs := flag.Bool("adaptive-gomaxprocs", true,
@@ -124,7 +124,7 @@ func run() error {
 		return err
 	}
 	if reg != nil {
-		metrics.Streams(reg, streamStates(c, opts.Namespace, opts.DataConverter))
+		metrics.Streams(reg, streamStates(c, opts.Namespace, opts.DataConverter, logger))
 	}
 
 	res := activities.NewResources()

@@ -84,7 +84,7 @@ func workerMetrics(t *testing.T) metricSet {
 	reg := &describingRegistry{Registry: prometheus.NewRegistry(), names: map[string]bool{}}
 	metrics.New(reg)
 	metrics.SinkSyncs(reg, func() (uint64, uint64) { return 0, 0 })
-	metrics.Streams(reg, func(context.Context) (map[string]map[string]int, error) { return nil, nil })
+	metrics.Streams(reg, func(context.Context) (map[string]int, error) { return nil, nil })
 	m.names = gatheredNames(t, reg.Registry)
 	for n := range reg.names {
 		m.names = append(m.names, n)
