@@ -320,6 +320,36 @@ func TestAResyncEndsTheShardsSnapshotJob(t *testing.T) {
 	require.Equal(t, 2, c.TablesDone)
 }
 
+// itemsJob is a one-shard bed whose stream (starting at its latest) has a
+// snapshot job of public.items (items rows), and a reader on the primary;
+// it returns the stream's checkpoint before the job's copy.
+func itemsJob(t *testing.T, stream string, items int) (*bed, *postgres.Reader, source.Checkpoint) {
+	t.Helper()
+	b, cp := latestBed(t, pgbed.Options{Shards: 1}, stream, items, 10)
+	require.NoError(t, b.src.Snapshot(ctxT(t, time.Minute), stream, "s1", source.SnapshotJob{ID: "j1", Tables: []string{"public.items"}}))
+	return b, b.primaryReader(t), cp
+}
+
+// firstChunk50 reads from cp with rd, 50 records a read, without acking,
+// until a batch holds records: the job's first chunk of 50 rows. It
+// returns the checkpoint that batch was read from, and the batch.
+func firstChunk50(ctx context.Context, t *testing.T, rd *postgres.Reader, stream string, cp source.Checkpoint) (source.Checkpoint, source.Batch) {
+	t.Helper()
+	var b source.Batch
+	from := cp
+	for len(b.Records) == 0 {
+		require.NoError(t, ctx.Err(), "no chunk in time")
+		if !b.Checkpoint.IsZero() {
+			from = b.Checkpoint
+		}
+		var err error
+		b, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: 50, MaxWait: 2 * time.Second})
+		require.NoError(t, err)
+	}
+	require.Equal(t, 50, len(reads(b.Records)["public.items"]), "the first chunk")
+	return from, b
+}
+
 // A read that fails after the reader returned a chunk (the run's context
 // cancelled in the middle of the next chunk: the reader closes itself)
 // leaves the chunk to the caller's Ack that comes after it, as a run's
@@ -330,19 +360,10 @@ func TestAResyncEndsTheShardsSnapshotJob(t *testing.T) {
 func TestAChunkReturnedBeforeAFailedReadIsMarkedByTheAckAfterIt(t *testing.T) {
 	const stream = "failedread"
 	const items = 200
-	b, cp := latestBed(t, pgbed.Options{Shards: 1}, stream, items, 10)
+	b, rd, cp := itemsJob(t, stream, items)
 	ctx := ctxT(t, 2*time.Minute)
-	require.NoError(t, b.src.Snapshot(ctx, stream, "s1", source.SnapshotJob{ID: "j1", Tables: []string{"public.items"}}))
-	rd := b.primaryReader(t)
-	var first source.Batch
-	for len(first.Records) == 0 { // not acked
-		require.NoError(t, ctx.Err(), "no chunk within 2 minutes")
-		var err error
-		first, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: cp, MaxRecords: 50, MaxWait: 2 * time.Second})
-		require.NoError(t, err)
-		cp = first.Checkpoint
-	}
-	require.Equal(t, 50, len(reads(first.Records)["public.items"]), "the first chunk")
+	_, first := firstChunk50(ctx, t, rd, stream, cp)
+	cp = first.Checkpoint
 
 	readCtx, cancel := context.WithCancel(ctx)
 	restore := postgres.SetSnapshotHook(func(step string) {
@@ -372,23 +393,10 @@ func TestAChunkReturnedBeforeAFailedReadIsMarkedByTheAckAfterIt(t *testing.T) {
 // not mark it: its rows may not be in the sink then.
 func TestAChunkReadAgainFromBeforeItIsNotMarkedByAnAckAtItsOldPlace(t *testing.T) {
 	const stream = "readagain"
-	b, cp := latestBed(t, pgbed.Options{Shards: 1}, stream, 200, 10)
+	b, rd, cp := itemsJob(t, stream, 200)
 	ctx := ctxT(t, 2*time.Minute)
 	p := b.c.Shards[0].Primary
-	require.NoError(t, b.src.Snapshot(ctx, stream, "s1", source.SnapshotJob{ID: "j1", Tables: []string{"public.items"}}))
-	rd := b.primaryReader(t)
-	var first source.Batch
-	from := cp
-	for len(first.Records) == 0 { // not acked
-		require.NoError(t, ctx.Err(), "no chunk within 2 minutes")
-		from = first.Checkpoint
-		if from.IsZero() {
-			from = cp
-		}
-		var err error
-		first, err = rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: 50, MaxWait: 2 * time.Second})
-		require.NoError(t, err)
-	}
+	from, first := firstChunk50(ctx, t, rd, stream, cp)
 	low := pglogrepl.LSN(first.Records[0].Position.Term).String()
 
 	again, err := rd.GetChanges(ctx, source.ChangesRequest{Stream: stream, Tablet: "s1", From: from, MaxRecords: 50, MaxWait: 2 * time.Second})
@@ -407,11 +415,9 @@ func TestAChunkReadAgainFromBeforeItIsNotMarkedByAnAckAtItsOldPlace(t *testing.T
 // copied on, and a sink got an update made after it.)
 func TestATableRemovedWhileAReaderCopiesItIsCopiedNoFurther(t *testing.T) {
 	const stream = "removed"
-	b, cp := latestBed(t, pgbed.Options{Shards: 1}, stream, 300, 10)
+	b, rd, cp := itemsJob(t, stream, 300)
 	ctx := ctxT(t, 2*time.Minute)
 	p := b.c.Shards[0].Primary
-	require.NoError(t, b.src.Snapshot(ctx, stream, "s1", source.SnapshotJob{ID: "j1", Tables: []string{"public.items"}}))
-	rd := b.primaryReader(t)
 	first, cp := getAcked(t, rd, stream, cp, 50)
 	require.Equal(t, 50, len(reads(first)["public.items"]), "the first chunk")
 	require.False(t, rd.Copy().Done)
