@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -44,7 +45,12 @@ func TestEncryptedPayloadsAreCiphertextInHistoryAndDecodedForKeyHolders(t *testi
 	cdc, err := codec.New(key)
 	require.NoError(t, err)
 
-	codecAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+	// The codec's port is held until the worker starts: the dev server,
+	// which starts first and binds ports of its own, must not take it
+	// (it once did: the worker's codec-addr was in use).
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	codecAddr := held.Addr().String()
 	server, err := testbed.StartDevServer(temporalCLI, dir, "--ui-codec-endpoint", "http://"+codecAddr)
 	require.NoError(t, err)
 	t.Cleanup(server.Stop)
@@ -57,6 +63,7 @@ func TestEncryptedPayloadsAreCiphertextInHistoryAndDecodedForKeyHolders(t *testi
 	t.Cleanup(sealed.Close)
 	raw := e.temporal // no key: sees what the server stores
 	e.temporal = sealed
+	require.NoError(t, held.Close())
 	e.startWorker()
 
 	out := filepath.Join(e.dir, "out-plaintext-marker")
