@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"maps"
 	"reflect"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/testbed"
 	"github.com/tabletflow/tabletflow/testbed/pgbed"
 	"github.com/tabletflow/tabletflow/workflows"
 )
@@ -113,7 +112,7 @@ func TestPostgresTableAddedByConfigureUnderLoadThenRemoved(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, reflect.DeepEqual(itemsAt[i], got["public.items"]),
 			"%s: the sink's items are the source's at the removal (%d rows replayed, %d then): %s", id, len(got["public.items"]), len(itemsAt[i]),
-			firstDifference(itemsAt[i], got["public.items"]))
+			testbed.FirstRowDifference(itemsAt[i], got["public.items"]))
 	}
 }
 
@@ -166,21 +165,4 @@ func writeOrders(ctx context.Context, t *testing.T, bed *pgbed.Cluster) func() {
 			require.NoError(t, err)
 		}
 	}
-}
-
-// firstDifference names the first key (in key order) whose rows differ
-// between want and got, with both rows ("": none).
-func firstDifference(want, got map[string]map[string]any) string {
-	keys := slices.Sorted(maps.Keys(want))
-	for k := range got {
-		if _, ok := want[k]; !ok {
-			keys = append(keys, k)
-		}
-	}
-	for _, k := range keys {
-		if !reflect.DeepEqual(want[k], got[k]) {
-			return fmt.Sprintf("key %s: want %v, got %v", k, want[k], got[k])
-		}
-	}
-	return ""
 }

@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"reflect"
-	"slices"
 
 	"github.com/tabletflow/tabletflow/source"
+	"github.com/tabletflow/tabletflow/testbed"
 )
 
 // Replay applies one shard's change records in order to empty tables, the
@@ -125,15 +124,8 @@ func Diff(want, got map[string]Rows) string {
 			continue
 		}
 		d := fmt.Sprintf("%s: %d rows replayed, %d in the source", t, len(g), len(w))
-		for _, k := range slices.Sorted(maps.Keys(w)) {
-			if !reflect.DeepEqual(w[k], g[k]) {
-				return d + fmt.Sprintf("; key %s: source %v, replayed %v", k, w[k], g[k])
-			}
-		}
-		for _, k := range slices.Sorted(maps.Keys(g)) {
-			if _, ok := w[k]; !ok {
-				return d + fmt.Sprintf("; key %s replayed, not in the source: %v", k, g[k])
-			}
+		if k := testbed.FirstRowDifference(w, g); k != "" {
+			d += "; " + k
 		}
 		return d
 	}
