@@ -30,9 +30,9 @@ import (
 // Run is one GetChanges run on this worker, for
 // tabletflow_seconds_since_last_commit (nil when metrics are off).
 type Run struct {
-	m      *Metrics
+	clock  *runClock
 	stream string
-	last   time.Time // guarded by m.runs.mu
+	last   time.Time // guarded by clock.mu
 }
 
 // runClock keeps the last commit of each run this worker has, by stream.
@@ -49,8 +49,8 @@ func (m *Metrics) RunStarted(stream string, last time.Time) *Run {
 	if m == nil {
 		return nil
 	}
-	r := &Run{m: m, stream: stream, last: last}
 	c := m.runs
+	r := &Run{clock: c, stream: stream, last: last}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.runs[stream] == nil {
@@ -65,9 +65,8 @@ func (r *Run) Committed(at time.Time) {
 	if r == nil {
 		return
 	}
-	c := r.m.runs
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	r.clock.mu.Lock()
+	defer r.clock.mu.Unlock()
 	r.last = at
 }
 
@@ -76,7 +75,7 @@ func (r *Run) Ended() {
 	if r == nil {
 		return
 	}
-	c := r.m.runs
+	c := r.clock
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.runs[r.stream], r)

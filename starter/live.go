@@ -90,6 +90,14 @@ func live(ctx context.Context, c client.Client, dc converter.DataConverter, st w
 // commit, and its LastError says why it failed).
 const stallAfter = 2 * time.Minute
 
+// stalled reports how long the run has gone without a commit at now, and
+// whether that makes it stalled: an attempt a worker runs that has
+// committed since it began, its last commit over stallAfter ago.
+func (r liveRun) stalled(now time.Time) (time.Duration, bool) {
+	since := now.Sub(r.beat.LastSuccess)
+	return since, r.started && r.beat.LastError == "" && !r.beat.LastSuccess.IsZero() && since > stallAfter
+}
+
 // stalledReason is the reason starter status gives a stalled tablet.
 func stalledReason(since time.Duration) string {
 	return fmt.Sprintf("stalled: no commit for %s (a read or the sink hangs)", since.Round(time.Second))
@@ -106,8 +114,7 @@ func withLive(st workflows.StreamStatus, runs map[string]liveRun, now time.Time)
 	for i := range st.Tablets {
 		t := &st.Tablets[i]
 		r, ok := runs[t.ID]
-		if since := now.Sub(r.beat.LastSuccess); ok && r.started && r.beat.LastError == "" && t.State == workflows.Streaming &&
-			!r.beat.LastSuccess.IsZero() && since > stallAfter {
+		if since, stalled := r.stalled(now); ok && stalled && t.State == workflows.Streaming {
 			t.Reason = stalledReason(since)
 		}
 		if !ok || r.beat.Checkpoint.Compare(t.Checkpoint) <= 0 {
