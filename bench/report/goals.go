@@ -30,10 +30,13 @@ const (
 	goalDownP99S         = 2.0
 	goalIsolationRatio   = 0.95
 	goalScaleMiBPerTable = 1.0
-	goalGetChangesRate   = 200_000
-	goalPgSourceRatio    = 0.8
-	goalPgSinkRatio      = 0.8
-	goalVitessRatio      = 0.8
+	// goalStarterStatusS: one `starter status` of a stream of 1,000
+	// tablets, live figures included (issue 46).
+	goalStarterStatusS = 2.0
+	goalGetChangesRate = 200_000
+	goalPgSourceRatio  = 0.8
+	goalPgSinkRatio    = 0.8
+	goalVitessRatio    = 0.8
 	// aimVitessRatio is what the Vitess source aims for beyond its goal:
 	// the summary names it, the verdict is on goalVitessRatio.
 	aimVitessRatio = 0.9
@@ -84,7 +87,8 @@ func goals(r *results) []row {
 	)
 	rows = append(rows, isolationRatioRow(r), isolationStallRow(r))
 	rows = append(rows, scaleRow(r, "scale", scaleFile, "1,000 tablets, `make bench`"),
-		scaleRow(r, "scale-5000", scaleFullFile, "5,000 tablets, `make bench-full`"))
+		scaleRow(r, "scale-5000", scaleFullFile, "5,000 tablets, `make bench-full`"),
+		starterStatusRow(r))
 	rows = append(rows, runRow(r))
 	rows = append(rows, getChangesRow(r), pgSourceRow(r), pgSinkRow(r), vitessRow(r), soakRow(r))
 	return rows
@@ -588,6 +592,28 @@ func scaleRow(r *results, id, file, setup string) row {
 	}
 	details = append(details, streamingTimes(f.Data)...)
 	return goal.judged(withDetails(figure, details), atMost(perTablet, goalScaleMiBPerTable), f.Name)
+}
+
+// starterStatusRow judges the slowest of the scale run's `starter status`
+// calls at the end, every tablet streaming.
+func starterStatusRow(r *results) row {
+	goal := row{ID: "starter-status", Area: "Scale",
+		Measure: "`starter status` of 1,000 streaming tablets, live figures included (`make bench`)",
+		Goal:    fmt.Sprintf("≤ %v s", goalStarterStatusS)}
+	f := r.file(scaleFile)
+	if f.Data == nil {
+		return goal.none(fileProblem(f), sourceName(f))
+	}
+	calls := f.Data.numbers("starter_status_s")
+	if len(calls) == 0 {
+		why := "no starter status figures"
+		if e, ok := f.Data.str("starter_status_error"); ok {
+			why += ": " + e
+		}
+		return goal.none(why, f.Name)
+	}
+	slowest := slices.Max(calls)
+	return goal.judged(fmt.Sprintf("%s s, slowest of %d calls", fixed(slowest, 2), len(calls)), atMost(slowest, goalStarterStatusS), f.Name)
 }
 
 // streamingTimes describes how long the scale run took to get its tablets

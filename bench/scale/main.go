@@ -46,6 +46,7 @@ import (
 	"maps"
 	"math"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -112,7 +113,13 @@ type result struct {
 	StatusQueryBytes int     `json:"status_query_bytes"`
 	StatusQueryS     float64 `json:"status_query_s"`
 	StatusErrors     int     `json:"status_query_errors"`
-	LastStatusError  string  `json:"last_status_query_error,omitempty"`
+	// StarterStatusS: `starter status --json` at the end, each of three
+	// calls (the status query, then a describe of every running tablet
+	// for its live heartbeat: docs/operating.md#live-status), wall time
+	// of the process; StarterStatusError: why one failed.
+	StarterStatusS     []float64 `json:"starter_status_s,omitempty"`
+	StarterStatusError string    `json:"starter_status_error,omitempty"`
+	LastStatusError    string    `json:"last_status_query_error,omitempty"`
 
 	// Runs of the stream workflow (continue-as-new), first to current.
 	StreamRuns         int       `json:"stream_runs"`
@@ -524,6 +531,30 @@ func (b *bench) finalFigures(ctx context.Context, tablets int, ds *testbed.DevSe
 		res.StatusQueryBytes, res.StatusQueryS = size, round(took.Seconds())
 		res.FinalStates, res.FinalStreaming, res.FinalRows = st.states, st.streaming, st.rows
 	}
+	for range 3 {
+		took, err := b.starterStatus(ctx, ds.Addr)
+		if err != nil {
+			res.StarterStatusError = err.Error()
+			break
+		}
+		res.StarterStatusS = append(res.StarterStatusS, round(took.Seconds()))
+	}
+}
+
+// starterStatus times one `starter status --json` of the stream, as an
+// operator runs it (live figures included).
+func (b *bench) starterStatus(ctx context.Context, addr string) (time.Duration, error) {
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(sctx, filepath.Join(b.procs.Bin, "starter"), "status", streamID, "--json")
+	cmd.Env = append(os.Environ(), "TEMPORAL_ADDRESS="+addr, "TEMPORAL_NAMESPACE="+namespace)
+	t0 := time.Now()
+	out, err := cmd.CombinedOutput()
+	took := time.Since(t0)
+	if err != nil {
+		return took, fmt.Errorf("starter status: %w: %.300s", err, out)
+	}
+	return took, nil
 }
 
 // histories records the stream's runs (and those started in the steady
