@@ -35,6 +35,9 @@ type relation struct {
 	*pglogrepl.RelationMessage
 	names [][]byte // `"name":`
 	key   []bool
+	// types: each column's type, as format_type names it (read with the
+	// key); given to every record of the relation (source.Record.Types).
+	types map[string]string
 }
 
 func newRelation(m *pglogrepl.RelationMessage) *relation {
@@ -59,7 +62,7 @@ func newRelation(m *pglogrepl.RelationMessage) *relation {
 // key-only old tuple, sent when an update changes the key, holds nulls in
 // the other columns).
 func record(rel *relation, op source.Op, oldType uint8, old, new *pglogrepl.TupleData) (source.Record, error) {
-	rec := source.Record{Table: rel.Namespace + "." + rel.RelationName, Op: op}
+	rec := source.Record{Table: rel.Namespace + "." + rel.RelationName, Op: op, Types: rel.types}
 	if op == source.Truncate { // the table only: no key, no rows
 		return rec, nil
 	}

@@ -656,6 +656,9 @@ func (r *Reader) add(rel uint32, op source.Op, oldType uint8, old, new *pglogrep
 		if rm.key, err = r.keyOf(rm.RelationMessage); err != nil {
 			return err
 		}
+		if rm.types, err = r.typesOf(rm.RelationMessage); err != nil {
+			return err
+		}
 	}
 	rec, err := record(rm, op, oldType, old, new)
 	if err != nil {
@@ -705,6 +708,37 @@ func (r *Reader) keyOf(rel *pglogrepl.RelationMessage) ([]bool, error) {
 		key[i] = pk[c.Name] || len(pk) == 0 && c.Flags&1 == 1 && rel.ReplicaIdentity != 'f'
 	}
 	return key, nil
+}
+
+// typesOf names a relation's column types as format_type does, from the
+// type OIDs and modifiers of its description (once per description: a
+// column's type changed by an ALTER comes with a new one).
+func (r *Reader) typesOf(rel *pglogrepl.RelationMessage) (map[string]string, error) {
+	pool, err := r.rep.poolOf()
+	if err != nil {
+		return nil, err
+	}
+	oids := make([]uint32, len(rel.Columns))
+	mods := make([]int32, len(rel.Columns))
+	for i, c := range rel.Columns {
+		oids[i], mods[i] = c.DataType, c.TypeModifier
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var names []string
+	err = pool.QueryRow(ctx, `SELECT array_agg(format_type(t.oid, t.mod) ORDER BY t.n)
+		FROM unnest($1::oid[], $2::int4[]) WITH ORDINALITY AS t(oid, mod, n)`, oids, mods).Scan(&names)
+	if err != nil {
+		return nil, fmt.Errorf("column types of %s.%s: %w", rel.Namespace, rel.RelationName, err)
+	}
+	if len(names) != len(rel.Columns) {
+		return nil, fmt.Errorf("column types of %s.%s: %d types for %d columns", rel.Namespace, rel.RelationName, len(names), len(rel.Columns))
+	}
+	types := make(map[string]string, len(names))
+	for i, c := range rel.Columns {
+		types[c.Name] = names[i]
+	}
+	return types, nil
 }
 
 var _ source.SlotReporter = (*Reader)(nil)

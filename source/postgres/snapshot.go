@@ -443,6 +443,10 @@ func (r *Reader) snapTables(ctx context.Context, stream string) ([]snapTable, er
 			return nil, err
 		}
 		st.rel = newRelation(m)
+		st.rel.types = make(map[string]string, len(m.Columns))
+		for i, c := range m.Columns {
+			st.rel.types[c.Name] = st.types[i]
+		}
 		if st.rel.key, err = r.keyOf(m); err != nil {
 			return nil, err
 		}
@@ -622,11 +626,14 @@ func stillPublished(ctx context.Context, tx pgx.Tx, pub string, t snapTable) (bo
 
 // selectChunk reads up to size rows of t after the key last, in key order,
 // as Read records (values as the change log writes them), and returns the
-// last row's key.
+// last row's key. Values are read in the text format, each type's output
+// function as pgoutput sends it: not a cast to text, which differs for
+// some types (a boolean's 'true', where its output and pgoutput's is 't';
+// a char(n) without its padding).
 func selectChunk(ctx context.Context, tx pgx.Tx, t snapTable, last []string, size int) ([]source.Record, []string, error) {
 	cols := make([]string, len(t.rel.Columns))
 	for i, c := range t.rel.Columns {
-		cols[i] = "t." + pgx.Identifier{c.Name}.Sanitize() + "::text"
+		cols[i] = "t." + pgx.Identifier{c.Name}.Sanitize()
 	}
 	keyCols := make([]string, len(t.pk))
 	params := make([]string, len(t.pk))
@@ -637,7 +644,7 @@ func selectChunk(ctx context.Context, tx pgx.Tx, t snapTable, last []string, siz
 		params[i] = fmt.Sprintf("($%d::text)::%s", i+1, t.types[k])
 	}
 	q := `SELECT ` + strings.Join(cols, ", ") + ` FROM ` + t.ident + ` t`
-	var args []any
+	args := []any{pgx.QueryResultFormats{pgx.TextFormatCode}} // for every column
 	if last != nil {
 		q += ` WHERE (` + strings.Join(keyCols, ", ") + `) > (` + strings.Join(params, ", ") + `)`
 		for _, v := range last {
@@ -653,20 +660,16 @@ func selectChunk(ctx context.Context, tx pgx.Tx, t snapTable, last []string, siz
 	now := time.Now().UTC()
 	var out []source.Record
 	var lastKey []string
-	vals := make([]*string, len(cols))
-	ptrs := make([]any, len(cols))
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
 	for rows.Next() {
-		if err := rows.Scan(ptrs...); err != nil {
-			return nil, nil, err
+		vals := rows.RawValues() // nil: NULL; valid until the next row
+		if len(vals) != len(cols) {
+			return nil, nil, fmt.Errorf("snapshot of %s: %d values for %d columns", t.name, len(vals), len(cols))
 		}
 		tuple := &pglogrepl.TupleData{ColumnNum: uint16(len(vals))}
 		for _, v := range vals {
 			c := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
 			if v != nil {
-				c.DataType, c.Data = pglogrepl.TupleDataTypeText, []byte(*v)
+				c.DataType, c.Data = pglogrepl.TupleDataTypeText, v
 			}
 			tuple.Columns = append(tuple.Columns, c)
 		}
@@ -678,7 +681,7 @@ func selectChunk(ctx context.Context, tx pgx.Tx, t snapTable, last []string, siz
 		out = append(out, rec)
 		lastKey = lastKey[:0]
 		for _, k := range t.pk {
-			lastKey = append(lastKey, *vals[k])
+			lastKey = append(lastKey, string(vals[k]))
 		}
 	}
 	return out, append([]string(nil), lastKey...), rows.Err()
