@@ -88,7 +88,7 @@ func TestDecodeAPostgresSinkFillsDefaultsAndRejectsWhatDoesNotFit(t *testing.T) 
 	require.NoError(t, err)
 	c, err := postgres.ParseConfig(got.Sink.Spec)
 	require.NoError(t, err)
-	require.Equal(t, postgres.Config{Kind: "postgres", DSNEnv: "TABLETFLOW_SINK_DSN", Mode: "changelog", Schema: "tabletflow"}, c)
+	require.Equal(t, postgres.Config{Kind: "postgres", DSNEnv: "TABLETFLOW_SINK_DSN", Mode: "changelog", Schema: "tabletflow", MirrorTypes: "jsonb"}, c)
 
 	for _, tt := range []struct{ name, sink, wantPrefix string }{
 		{"no dsnEnv", `{"kind": "postgres"}`, "sink.dsnEnv: must name the environment variable"},
@@ -97,6 +97,8 @@ func TestDecodeAPostgresSinkFillsDefaultsAndRejectsWhatDoesNotFit(t *testing.T) 
 		{"unknown mode", `{"kind": "postgres", "dsnEnv": "D", "mode": "mirror"}`, `sink.mode: "mirror": want "changelog" or "apply"`},
 		{"schema with a capital", `{"kind": "postgres", "dsnEnv": "D", "schema": "Tf"}`, `sink.schema: "Tf": want 1 to 63 of a-z`},
 		{"mode on jsonl", `{"kind": "jsonl", "path": "/x", "mode": "changelog"}`, "sink.mode: unknown field"},
+		{"unknown mirror types", `{"kind": "postgres", "dsnEnv": "D", "mode": "apply", "mirrorTypes": "typed"}`, `sink.mirrorTypes: "typed": want "jsonb" or "source"`},
+		{"mirror types in changelog mode", `{"kind": "postgres", "dsnEnv": "D", "mirrorTypes": "source"}`, `sink.mirrorTypes: only for mode "apply"`},
 		{"unknown kind", `{"kind": "kafka"}`, `sink.kind: "kafka": want "jsonl" or "postgres"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

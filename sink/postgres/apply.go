@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -67,12 +68,21 @@ type mirror struct {
 	// given: a table of the config's sink.tables (given, its entry there):
 	// typed columns, never altered by the sink.
 	given string
+	// types: each column's type, as format_type names it; typed: under
+	// sink.mirrorTypes "source", a mirror table with a column other than
+	// tabletflow_tablet that is not jsonb (made with the source's types),
+	// written as a given table is and altered as the source's types
+	// change (typed.go).
+	types map[string]string
+	typed bool
 }
 
 // mirrors caches the sink's mirror tables (per Sink instance).
 type mirrors struct {
 	mu sync.Mutex
 	m  map[string]*mirror // by source table
+	// sinkTypes: the sink's type for a source's type name (typed.go).
+	sinkTypes map[string]string
 }
 
 // A source table's mirror table has a name of its own: distinct source
@@ -308,7 +318,7 @@ func (s *Sink) cachedMirror(ctx context.Context, table string, load func() (*mir
 func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []string) (*mirror, error) {
 	s.mirrors.mu.Lock()
 	defer s.mirrors.mu.Unlock()
-	m, err := s.cachedMirror(ctx, r.Table, func() (*mirror, error) { return s.makeMirror(ctx, r.Table, keyCols, cols) })
+	m, err := s.cachedMirror(ctx, r.Table, func() (*mirror, error) { return s.makeMirror(ctx, r, keyCols, cols) })
 	if err != nil {
 		return nil, err
 	}
@@ -321,6 +331,9 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 	}
 	if err := s.addOwner(ctx, m); err != nil {
 		return nil, err
+	}
+	if m.typed {
+		return m, s.followTypes(ctx, m, r, cols)
 	}
 	for _, c := range cols {
 		if m.cols[c] {
@@ -400,13 +413,30 @@ func keyDesc(cols []string) string {
 	return "(" + strings.Join(cols, ", ") + ")"
 }
 
-// makeMirror returns the sink's own mirror table of a source table,
-// making it if it is not there.
-func (s *Sink) makeMirror(ctx context.Context, table string, keyCols, cols []string) (*mirror, error) {
-	name, err := s.mirrorTable(ctx, table, func() string {
+// makeMirror returns the sink's own mirror table of a record's source
+// table, making it if it is not there: typed like the source when the
+// config asks for it (sink.mirrorTypes), the record carries the source's
+// types and the table has a key; otherwise every column jsonb.
+func (s *Sink) makeMirror(ctx context.Context, r source.Record, keyCols, cols []string) (*mirror, error) {
+	colType := func(string) string { return "jsonb" }
+	if s.mirrorTypes == MirrorSource && r.Types != nil && len(keyCols) > 0 {
+		types, err := s.sinkTypesOf(ctx, r.Types)
+		if err != nil {
+			return nil, err
+		}
+		colType = func(c string) string { return cmp.Or(types[c], "jsonb") }
+		// The table's columns as the source has them, those the record
+		// leaves out (an unchanged TOAST value) too.
+		for _, c := range slices.Sorted(maps.Keys(r.Types)) {
+			if !slices.Contains(cols, c) {
+				cols = append(slices.Clip(cols), c)
+			}
+		}
+	}
+	name, err := s.mirrorTable(ctx, r.Table, func() string {
 		defs := make([]string, 0, len(cols)+2)
 		for _, c := range cols {
-			defs = append(defs, pgx.Identifier{c}.Sanitize()+" jsonb")
+			defs = append(defs, pgx.Identifier{c}.Sanitize()+" "+colType(c))
 		}
 		defs = append(defs, ownerCol+" text")
 		if len(keyCols) > 0 {
@@ -464,9 +494,10 @@ func (m *mirror) fits(table string, keyCols, cols []string) error {
 // loadMirror reads a mirror table's columns and primary key (none: the
 // table does not exist).
 func (s *Sink) loadMirror(ctx context.Context, name string) (*mirror, error) {
-	m := &mirror{name: name, cols: map[string]bool{}}
+	m := &mirror{name: name, cols: map[string]bool{}, types: map[string]string{}}
 	// indkey is an int2vector, numbered from 0.
-	rows, err := s.pool.Query(ctx, `SELECT a.attname, array_position(i.indkey::int2[], a.attnum), a.attgenerated = '' AND a.attidentity <> 'a'
+	rows, err := s.pool.Query(ctx, `SELECT a.attname, array_position(i.indkey::int2[], a.attnum), a.attgenerated = '' AND a.attidentity <> 'a',
+			format_type(a.atttypid, a.atttypmod)
 		FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
 		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, name)
 	if err != nil {
@@ -474,13 +505,14 @@ func (s *Sink) loadMirror(ctx context.Context, name string) (*mirror, error) {
 	}
 	keyAt := map[int]string{}
 	for rows.Next() {
-		var col string
+		var col, typ string
 		var pos *int
 		var insertable bool
-		if err := rows.Scan(&col, &pos, &insertable); err != nil {
+		if err := rows.Scan(&col, &pos, &insertable, &typ); err != nil {
 			return nil, err
 		}
-		m.cols[col] = true
+		m.cols[col], m.types[col] = true, typ
+		m.typed = m.typed || s.mirrorTypes == MirrorSource && col != ownerCol && typ != "jsonb"
 		if insertable {
 			m.ins = append(m.ins, col)
 		}
@@ -599,6 +631,10 @@ func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch
 		moved := r.Op == source.Update && !keyless && movedFrom(keyCols, key, before)
 		var q string
 		var args []any
+		if m.typed { // columns dropped at the source: NULL from now on
+			after = maps.Clone(after)
+			cols = droppedAsNull(m, r, cols, after)
+		}
 		if m.cols[ownerCol] && r.Op != source.Delete { // the row says which tablet wrote it
 			owner, _ := json.Marshal(r.Tablet)
 			after = maps.Clone(after)
@@ -608,7 +644,7 @@ func (s *Sink) applyBatch(ctx context.Context, recs []source.Record) (*pgx.Batch
 		switch {
 		case keyless:
 			q, args, err = keylessStatement(m, r.Op, r.Tablet, beforeCols, before, after)
-		case m.given != "":
+		case m.given != "" || m.typed:
 			q, args, err = givenStatement(m, r.Op, moved, keyCols, cols, key, before, after)
 		default:
 			q, args, err = mirrorStatement(m, r.Op, moved, keyCols, cols, key, before, after)

@@ -29,7 +29,19 @@ type Config struct {
 	// table's own column types and primary key, each value cast from the
 	// record's JSON. Tables not listed get mirror tables in Schema.
 	Tables map[string]string `json:"tables,omitempty"`
+	// MirrorTypes: the column types of the mirror tables apply mode
+	// makes: "jsonb" (every column jsonb, as every earlier version made
+	// them) or "source" (each column the source's type, where the source
+	// declares types: docs/sinks.md#typed-mirror-tables). Absent: jsonb.
+	// A mirror table already there keeps its columns' types.
+	MirrorTypes string `json:"mirrorTypes,omitempty"`
 }
+
+// MirrorTypes values.
+const (
+	MirrorJSONB  = "jsonb"
+	MirrorSource = "source"
+)
 
 // DefaultSchema is sink.schema when the config leaves it out.
 const DefaultSchema = "tabletflow"
@@ -78,6 +90,9 @@ func ParseConfig(section []byte) (Config, error) {
 	if c.Schema == "" {
 		c.Schema = DefaultSchema
 	}
+	if c.MirrorTypes == "" {
+		c.MirrorTypes = MirrorJSONB
+	}
 	if err := c.validate(); err != nil {
 		return Config{}, err
 	}
@@ -94,6 +109,10 @@ func (c Config) validate() error {
 		return config.FieldErr("mode", "%q: want \"changelog\" or \"apply\"", c.Mode)
 	case !identRe.MatchString(c.Schema):
 		return config.FieldErr("schema", "%q: want 1 to 63 of a-z, 0-9, _, not starting with a digit", c.Schema)
+	case c.MirrorTypes != "" && c.MirrorTypes != MirrorJSONB && c.MirrorTypes != MirrorSource: // "": jsonb
+		return config.FieldErr("mirrorTypes", "%q: want %q or %q", c.MirrorTypes, MirrorJSONB, MirrorSource)
+	case c.MirrorTypes == MirrorSource && c.Mode != "apply":
+		return config.FieldErr("mirrorTypes", "only for mode \"apply\" (changelog mode makes no mirror tables)")
 	}
 	return c.validateTables()
 }

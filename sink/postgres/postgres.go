@@ -42,9 +42,11 @@ type Sink struct {
 	applyMode bool
 	// given: apply mode's tables from the config (sink.tables), source
 	// table → schema.table.
-	given   map[string]string
-	pool    *pgxpool.Pool
-	mirrors mirrors
+	given map[string]string
+	// mirrorTypes: sink.mirrorTypes (typed.go).
+	mirrorTypes string
+	pool        *pgxpool.Pool
+	mirrors     mirrors
 
 	mu     sync.Mutex
 	closed bool
@@ -82,7 +84,7 @@ func New(ctx context.Context, cfg Config, stream string, getenv func(string) str
 	if err != nil {
 		return nil, classify(err)
 	}
-	s := &Sink{stream: stream, schema: cfg.Schema, applyMode: cfg.Mode == "apply", given: maps.Clone(cfg.Tables), pool: pool}
+	s := &Sink{stream: stream, schema: cfg.Schema, applyMode: cfg.Mode == "apply", given: maps.Clone(cfg.Tables), mirrorTypes: cfg.MirrorTypes, pool: pool}
 	if err := s.setUp(ctx); err != nil {
 		pool.Close()
 		return nil, err
