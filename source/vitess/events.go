@@ -191,7 +191,7 @@ func (d *decoder) row(ev *binlogdatapb.VEvent) error {
 			return newError(source.Fatal, "PARTIAL_JSON",
 				"a change of %s holds a partial JSON update (binlog_row_value_options=PARTIAL_JSON): the stream needs whole values", t.name)
 		}
-		rec := source.Record{Tablet: d.shard, Table: t.name}
+		rec := source.Record{Tablet: d.shard, Table: t.name, Types: t.types}
 		var err error
 		switch {
 		case rc.Before == nil && rc.After != nil:

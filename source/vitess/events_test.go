@@ -333,3 +333,38 @@ func TestATruncateOfAStreamedTableIsARecordOfItsOwn(t *testing.T) {
 		require.False(t, ok, stmt)
 	}
 }
+
+// Each column's PostgreSQL type (source.Record.Types, for typed mirror
+// tables) holds the values as they are written: the table of
+// docs/sources/vitess.md#column-types.
+func TestColumnsHaveThePostgreSQLTypesThatHoldTheirValues(t *testing.T) {
+	f := func(name string, typ querypb.Type, columnType string) *querypb.Field {
+		return &querypb.Field{Name: name, Type: typ, ColumnType: columnType}
+	}
+	ev := &binlogdatapb.FieldEvent{TableName: "t", EnumSetStringValues: true, Fields: []*querypb.Field{
+		f("id", querypb.Type_UINT64, "bigint unsigned"), f("i8", querypb.Type_INT8, "tinyint"), f("u16", querypb.Type_UINT16, "smallint unsigned"),
+		f("i24", querypb.Type_INT24, "mediumint"), f("u32", querypb.Type_UINT32, "int unsigned"), f("i64", querypb.Type_INT64, "bigint"),
+		f("f4", querypb.Type_FLOAT32, "float"), f("f8", querypb.Type_FLOAT64, "double"), f("y", querypb.Type_YEAR, "year"),
+		f("d", querypb.Type_DECIMAL, "decimal(12,4)"), f("d0", querypb.Type_DECIMAL, ""), f("dt", querypb.Type_DATE, "date"),
+		f("ts", querypb.Type_TIMESTAMP, "timestamp(6)"), f("tm", querypb.Type_TIME, "time"), f("txt", querypb.Type_VARCHAR, "varchar(32)"),
+		f("bin", querypb.Type_VARBINARY, "varbinary(8)"), f("bit", querypb.Type_BIT, "bit(12)"), f("e", querypb.Type_ENUM, "enum('a','b')"),
+		f("j", querypb.Type_JSON, "json"),
+	}}
+	tab, err := tableOf(ev)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"id": "numeric(20,0)", "i8": "smallint", "u16": "integer", "i24": "integer", "u32": "bigint",
+		"i64": "bigint", "f4": "real", "f8": "double precision", "y": "smallint", "d": "numeric(12,4)", "d0": "numeric", "dt": "date",
+		"ts": "timestamp without time zone", "tm": "interval", "txt": "text", "bin": "text", "bit": "numeric(20,0)", "e": "text",
+		"j": "jsonb"}, tab.types)
+	ev.EnumSetStringValues = false
+	tab, err = tableOf(ev)
+	require.NoError(t, err)
+	require.Equal(t, "bigint", tab.types["e"], "an ENUM's number")
+
+	d := newDecoder("-80", source.Checkpoint{})
+	require.NoError(t, d.add([]*binlogdatapb.VEvent{begin(), customerFields(),
+		rowEvent("customer", &binlogdatapb.RowChange{After: row("1", "a", "1.00", "2026-01-01", nil)}), gtid("MariaDB/0-1-2"), commit(1)}))
+	recs, _ := d.take(10, source.Checkpoint{})
+	require.Len(t, recs, 1)
+	require.Equal(t, d.tables["customer"].types, recs[0].Types, "records carry their table's types")
+}

@@ -5,7 +5,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strconv"
+	"strings"
 
 	binlogdatapb "vitess.io/vitess/go/vt/proto/binlogdata"
 	querypb "vitess.io/vitess/go/vt/proto/query"
@@ -21,6 +23,9 @@ type table struct {
 	// enumText: ENUM and SET values come as their text (Vitess sends
 	// them so since v20), not as numbers.
 	enumText bool
+	// types: each column's PostgreSQL type (pgType), for typed sinks
+	// (source.Record.Types).
+	types map[string]string
 }
 
 // tableOf reads a FIELD event.
@@ -29,7 +34,7 @@ func tableOf(ev *binlogdatapb.FieldEvent) (*table, error) {
 		return nil, fmt.Errorf("FIELD event without a table")
 	}
 	t := &table{name: ev.TableName, fields: ev.Fields, enumText: ev.EnumSetStringValues,
-		keys: make([][]byte, len(ev.Fields)), pk: make([]bool, len(ev.Fields))}
+		keys: make([][]byte, len(ev.Fields)), pk: make([]bool, len(ev.Fields)), types: make(map[string]string, len(ev.Fields))}
 	for i, f := range ev.Fields {
 		if f == nil || f.Name == "" {
 			return nil, fmt.Errorf("FIELD event of %s: column %d has no name", ev.TableName, i)
@@ -37,6 +42,7 @@ func tableOf(ev *binlogdatapb.FieldEvent) (*table, error) {
 		name, _ := json.Marshal(f.Name)
 		t.keys[i] = append(name, ':')
 		t.pk[i] = f.Flags&uint32(querypb.MySqlFlag_PRI_KEY_FLAG) != 0
+		t.types[f.Name] = pgType(f, t.enumText)
 	}
 	return t, nil
 }
@@ -135,6 +141,52 @@ func (t *table) value(buf *bytes.Buffer, f *querypb.Field, v []byte) error {
 		writeString(buf, v)
 	}
 	return nil
+}
+
+// decimalType is a DECIMAL column's type as MySQL names it.
+var decimalType = regexp.MustCompile(`^decimal\((\d+),(\d+)\)`)
+
+// pgType is the PostgreSQL type that holds a column's values as value
+// writes them (docs/sources/vitess.md#column-types): integers by their
+// range (an unsigned one in the next wider type, BIGINT UNSIGNED and BIT
+// in numeric(20,0)), FLOAT real, DOUBLE double precision, DECIMAL(p,s)
+// numeric(p,s), DATE date, DATETIME and TIMESTAMP timestamp (MySQL's
+// have no zone), TIME interval (its range passes a day), YEAR smallint,
+// JSON jsonb, ENUM and SET text (numeric before Vitess sent their text),
+// binary values text (they are written as base64), every other type text.
+func pgType(f *querypb.Field, enumText bool) string {
+	switch f.Type {
+	case querypb.Type_INT8, querypb.Type_UINT8, querypb.Type_INT16, querypb.Type_YEAR:
+		return "smallint"
+	case querypb.Type_UINT16, querypb.Type_INT24, querypb.Type_UINT24, querypb.Type_INT32:
+		return "integer"
+	case querypb.Type_UINT32, querypb.Type_INT64:
+		return "bigint"
+	case querypb.Type_UINT64, querypb.Type_BIT:
+		return "numeric(20,0)"
+	case querypb.Type_FLOAT32:
+		return "real"
+	case querypb.Type_FLOAT64:
+		return "double precision"
+	case querypb.Type_DECIMAL:
+		if m := decimalType.FindStringSubmatch(strings.ToLower(f.ColumnType)); m != nil {
+			return "numeric(" + m[1] + "," + m[2] + ")"
+		}
+		return "numeric"
+	case querypb.Type_DATE:
+		return "date"
+	case querypb.Type_DATETIME, querypb.Type_TIMESTAMP:
+		return "timestamp without time zone"
+	case querypb.Type_TIME:
+		return "interval"
+	case querypb.Type_JSON:
+		return "jsonb"
+	case querypb.Type_ENUM, querypb.Type_SET:
+		if !enumText {
+			return "bigint"
+		}
+	}
+	return "text"
 }
 
 // writeString writes text as a JSON string (bytes that are not UTF-8 become
