@@ -284,10 +284,12 @@ type Record struct {
 	Before     json.RawMessage
 	After      json.RawMessage
 	// Types: the SQL type of each column the table has at the record's
-	// position, as PostgreSQL names it (format_type: "numeric(10,2)",
-	// "timestamp with time zone", "text[]"), for a sink that makes
-	// typed tables; nil when the source declares no types (tabletd).
-	// Records of one table share the map: it is read, never written.
+	// position (its columns as the stream or the copy described them;
+	// the names as the source's catalog gives them when read), as
+	// PostgreSQL names it (format_type: "numeric(10,2)", "timestamp with
+	// time zone", "text[]"), for a sink that makes typed tables; nil
+	// when the source declares no types (tabletd). Records of one table
+	// share the map: it is read, never written.
 	Types map[string]string
 }
 

@@ -77,6 +77,16 @@ type mirror struct {
 	typed bool
 }
 
+// clone is a copy of m to change: a mirror in the cache is never changed
+// once there, as the tablets' batches read it without the lock; a change
+// caches a changed copy in its place.
+func (m *mirror) clone() *mirror {
+	c := *m
+	c.key, c.ins = slices.Clone(m.key), slices.Clone(m.ins)
+	c.cols, c.types = maps.Clone(m.cols), maps.Clone(m.types)
+	return &c
+}
+
 // mirrors caches the sink's mirror tables (per Sink instance).
 type mirrors struct {
 	mu sync.Mutex
@@ -329,6 +339,8 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 		return nil, fmt.Errorf("%w: mirror table %s is keyed by %s, records of %s by %s",
 			sink.ErrBadRecord, m.name, keyDesc(m.key), r.Table, keyDesc(keyCols))
 	}
+	m = m.clone()
+	s.mirrors.m[r.Table] = m
 	if err := s.addOwner(ctx, m); err != nil {
 		return nil, err
 	}
@@ -386,6 +398,8 @@ func (s *Sink) truncatable(ctx context.Context, r source.Record) (*mirror, error
 		return nil, err
 	}
 	if !m.cols[ownerCol] {
+		m = m.clone()
+		s.mirrors.m[r.Table] = m
 		if m.given != "" {
 			return nil, fmt.Errorf("%w: truncate of %s at %s: table %s of %s has no column %s to tell this tablet's rows from other shards' (add it, of type text, and the sink fills it)",
 				sink.ErrBadRecord, r.Table, r.Position, m.name, m.given, ownerCol)
@@ -542,7 +556,7 @@ func quoteAll(names []string) string {
 // batch reads them again.
 func (s *Sink) forgetMirrors() {
 	s.mirrors.mu.Lock()
-	s.mirrors.m = nil
+	s.mirrors.m, s.mirrors.sinkTypes = nil, nil
 	s.mirrors.mu.Unlock()
 }
 

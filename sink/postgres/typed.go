@@ -3,11 +3,13 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -41,14 +43,21 @@ func (s *Sink) sinkTypesOf(ctx context.Context, types map[string]string) (map[st
 	}
 	var unknown []string
 	for _, t := range types {
-		if _, ok := s.mirrors.sinkTypes[t]; !ok && !slices.Contains(unknown, t) {
-			unknown = append(unknown, t)
+		if _, ok := s.mirrors.sinkTypes[t]; ok || slices.Contains(unknown, t) {
+			continue
 		}
+		if !typeName.MatchString(t) || strings.Contains(t, "--") || strings.Contains(t, "/*") {
+			s.mirrors.sinkTypes[t] = "text" // not a type name format_type gives ("???" for a type dropped since)
+			continue
+		}
+		unknown = append(unknown, t)
 	}
 	if len(unknown) > 0 {
 		var found []bool
-		// to_regtype is NULL for a name the database has no type of.
-		err := s.pool.QueryRow(ctx, `SELECT array_agg(to_regtype(t) IS NOT NULL ORDER BY n) FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n)`, unknown).Scan(&found)
+		// to_regtype is NULL for a name the database has no type of; a
+		// table's row type of that name is not the source's type either.
+		err := s.pool.QueryRow(ctx, `SELECT array_agg(COALESCE((SELECT typtype <> 'c' FROM pg_type WHERE oid = to_regtype(t)), false) ORDER BY n)
+			FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n)`, unknown).Scan(&found)
 		if err != nil {
 			return nil, fmt.Errorf("types of the sink's database: %w", classify(err))
 		}
@@ -82,33 +91,59 @@ func (s *Sink) followTypes(ctx context.Context, m *mirror, r source.Record, cols
 		}
 		col := pgx.Identifier{c}.Sanitize()
 		have, ok := m.types[c]
-		switch {
-		case ok && !named:
-			continue
-		case !ok:
-			if _, err := s.pool.Exec(ctx, `ALTER TABLE `+m.name+` ADD COLUMN IF NOT EXISTS `+col+` `+typ); err != nil && !madeMeanwhile(err) {
-				return fmt.Errorf("add column %s to %s: %w", c, m.name, classify(err))
-			}
-		case have == typ || widens(typ, have):
-			continue // another shard's records may not have the change yet
-		case widens(have, typ):
-			if _, err := s.pool.Exec(ctx, `ALTER TABLE `+m.name+` ALTER COLUMN `+col+` TYPE `+typ+` USING `+col+`::`+typ); err != nil {
-				return fmt.Errorf("alter column %s of %s from %s to %s: %w", c, m.name, have, typ, classify(err))
-			}
-		default:
-			return fmt.Errorf("%w: %s at %s: column %s is %s at the source and %s in the mirror table %s, and not every value of one is a value of the other: the sink does not coerce data (alter the mirror table's column by hand, or drop the table and resync the stream's tablets)",
-				sink.ErrBadRecord, r.Table, r.Position, c, r.Types[c], have, m.name)
+		if ok && (!named || have == typ || widens(typ, have)) {
+			continue // the type fits (another shard's records may not have a change yet)
 		}
-		m.cols[c], m.types[c] = true, typ
+		// Another worker may have changed the column since it was read:
+		// the table's lock held, its type now decides.
+		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `LOCK TABLE `+m.name+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+				return err
+			}
+			var live *string
+			if err := tx.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+				WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped`, m.name, c).Scan(&live); err != nil && err != pgx.ErrNoRows {
+				return err
+			}
+			switch {
+			case live == nil:
+				_, err := tx.Exec(ctx, `ALTER TABLE `+m.name+` ADD COLUMN `+col+` `+typ)
+				have = typ
+				return err
+			case *live == typ || widens(typ, *live):
+				have = *live
+				return nil
+			case widens(*live, typ): // an assignment cast, which never cuts a value: no USING
+				_, err := tx.Exec(ctx, `ALTER TABLE `+m.name+` ALTER COLUMN `+col+` TYPE `+typ)
+				have = typ
+				return err
+			default:
+				return fmt.Errorf("%w: %s at %s: column %s is %s at the source and %s in the mirror table %s, and not every value of one is a value of the other: the sink does not coerce data (alter the mirror table's column by hand, or drop the table and resync the stream's tablets)",
+					sink.ErrBadRecord, r.Table, r.Position, c, r.Types[c], *live, m.name)
+			}
+		})
+		if errors.Is(err, sink.ErrBadRecord) {
+			return err
+		}
+		if err != nil {
+			return fmt.Errorf("column %s of %s as %s: %w", c, m.name, typ, classify(err))
+		}
+		if !ok && !slices.Contains(m.ins, c) {
+			m.ins = append(m.ins, c)
+		}
+		m.cols[c], m.types[c] = true, have
 	}
 	return nil
 }
 
 // droppedAsNull gives an insert or update of a typed mirror table NULL in
 // each column the record's table no longer has at the source (dropped
-// there): the row is as the source has it, less that column.
+// there): the row is as the source has it, less that column. m is not
+// changed (a cached mirror is read without the lock: clone).
 func droppedAsNull(m *mirror, r source.Record, cols []string, after map[string]json.RawMessage) []string {
-	if !m.typed || r.Types == nil || r.Op == source.Delete {
+	// A copy's rows carry the columns as its copy began: a column added
+	// since is not one dropped.
+	if !m.typed || r.Types == nil || r.Op == source.Delete || r.Op == source.Read {
 		return cols
 	}
 	for _, c := range slices.Sorted(maps.Keys(m.cols)) {
@@ -121,6 +156,9 @@ func droppedAsNull(m *mirror, r source.Record, cols []string, after map[string]j
 }
 
 var (
+	// typeName: what format_type writes (quoted identifiers, a schema, a
+	// modifier, array brackets), and nothing that ends a statement.
+	typeName    = regexp.MustCompile(`^[\pL\pN_ ."(),\[\]$]+$`)
 	varcharType = regexp.MustCompile(`^character varying(?:\((\d+)\))?$`)
 	numericType = regexp.MustCompile(`^numeric(?:\((\d+),(\d+)\))?$`)
 )
