@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -339,13 +338,24 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 		return nil, fmt.Errorf("%w: mirror table %s is keyed by %s, records of %s by %s",
 			sink.ErrBadRecord, m.name, keyDesc(m.key), r.Table, keyDesc(keyCols))
 	}
-	m = m.clone()
-	s.mirrors.m[r.Table] = m
-	if err := s.addOwner(ctx, m); err != nil {
-		return nil, err
+	// A change goes into a copy, cached in the mirror's place (clone),
+	// made at the first change: most records change nothing.
+	changed := false
+	edit := func() *mirror {
+		if !changed {
+			m, changed = m.clone(), true
+			s.mirrors.m[r.Table] = m
+		}
+		return m
+	}
+	if !m.cols[ownerCol] {
+		if err := s.addOwner(ctx, edit()); err != nil {
+			return nil, err
+		}
 	}
 	if m.typed {
-		return m, s.followTypes(ctx, m, r, cols)
+		err := s.followTypes(ctx, m, r, cols, edit)
+		return m, err // m: the copy, if followTypes changed it
 	}
 	for _, c := range cols {
 		if m.cols[c] {
@@ -354,7 +364,7 @@ func (s *Sink) mirrorOf(ctx context.Context, r source.Record, keyCols, cols []st
 		if _, err := s.pool.Exec(ctx, `ALTER TABLE `+m.name+` ADD COLUMN IF NOT EXISTS `+pgx.Identifier{c}.Sanitize()+` jsonb`); err != nil && !madeMeanwhile(err) {
 			return nil, fmt.Errorf("add column %s to %s: %w", c, m.name, classify(err))
 		}
-		m.cols[c] = true
+		edit().cols[c] = true
 	}
 	return m, nil
 }
@@ -434,11 +444,15 @@ func keyDesc(cols []string) string {
 func (s *Sink) makeMirror(ctx context.Context, r source.Record, keyCols, cols []string) (*mirror, error) {
 	colType := func(string) string { return "jsonb" }
 	if s.mirrorTypes == MirrorSource && r.Types != nil && len(keyCols) > 0 {
-		types, err := s.sinkTypesOf(ctx, r.Types)
-		if err != nil {
+		if err := s.lookUpTypes(ctx, r.Types); err != nil {
 			return nil, err
 		}
-		colType = func(c string) string { return cmp.Or(types[c], "jsonb") }
+		colType = func(c string) string {
+			if t, ok := r.Types[c]; ok {
+				return s.sinkType(t)
+			}
+			return "jsonb"
+		}
 		// The table's columns as the source has them, those the record
 		// leaves out (an unchanged TOAST value) too.
 		for _, c := range slices.Sorted(maps.Keys(r.Types)) {

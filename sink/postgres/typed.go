@@ -34,10 +34,11 @@ import (
 //     fails the tablet (ErrBadRecord, naming the table and column), never
 //     coercing a value.
 
-// sinkTypesOf maps a record's source types to the sink's: the same name
-// where the sink's database knows it, otherwise text. Names are looked up
-// once per sink. s.mirrors.mu is held.
-func (s *Sink) sinkTypesOf(ctx context.Context, types map[string]string) (map[string]string, error) {
+// lookUpTypes learns the sink's type for each of a record's source type
+// names it has not met (sinkType): the same name where the sink's
+// database knows it, otherwise text. Names are looked up once per sink
+// (again after forgetMirrors). s.mirrors.mu is held.
+func (s *Sink) lookUpTypes(ctx context.Context, types map[string]string) error {
 	if s.mirrors.sinkTypes == nil {
 		s.mirrors.sinkTypes = map[string]string{}
 	}
@@ -59,7 +60,7 @@ func (s *Sink) sinkTypesOf(ctx context.Context, types map[string]string) (map[st
 		err := s.pool.QueryRow(ctx, `SELECT array_agg(COALESCE((SELECT typtype <> 'c' FROM pg_type WHERE oid = to_regtype(t)), false) ORDER BY n)
 			FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n)`, unknown).Scan(&found)
 		if err != nil {
-			return nil, fmt.Errorf("types of the sink's database: %w", classify(err))
+			return fmt.Errorf("types of the sink's database: %w", classify(err))
 		}
 		for i, t := range unknown {
 			s.mirrors.sinkTypes[t] = "text"
@@ -68,25 +69,28 @@ func (s *Sink) sinkTypesOf(ctx context.Context, types map[string]string) (map[st
 			}
 		}
 	}
-	out := make(map[string]string, len(types))
-	for c, t := range types {
-		out[c] = s.mirrors.sinkTypes[t]
-	}
-	return out, nil
+	return nil
 }
+
+// sinkType is the sink's type for a source's type name that lookUpTypes
+// has met. s.mirrors.mu is held.
+func (s *Sink) sinkType(source string) string { return s.mirrors.sinkTypes[source] }
 
 // followTypes makes a typed mirror table take a record's columns (cols)
 // and types: a column it lacks is added with the source's type, a column
 // whose type the record widens is altered to it, and one it would narrow
-// or change otherwise is ErrBadRecord. s.mirrors.mu is held.
-func (s *Sink) followTypes(ctx context.Context, m *mirror, r source.Record, cols []string) error {
-	want, err := s.sinkTypesOf(ctx, r.Types)
-	if err != nil {
+// or change otherwise is ErrBadRecord. Changes go into edit()'s copy of m;
+// m is read, column by column (each column read before it is changed).
+// s.mirrors.mu is held.
+func (s *Sink) followTypes(ctx context.Context, m *mirror, r source.Record, cols []string, edit func() *mirror) error {
+	if err := s.lookUpTypes(ctx, r.Types); err != nil {
 		return err
 	}
 	for _, c := range cols {
-		typ, named := want[c]
-		if !named { // a source that names no type for it
+		typ, named := r.Types[c]
+		if named {
+			typ = s.sinkType(typ)
+		} else { // a source that names no type for it
 			typ = "jsonb"
 		}
 		col := pgx.Identifier{c}.Sanitize()
@@ -128,10 +132,11 @@ func (s *Sink) followTypes(ctx context.Context, m *mirror, r source.Record, cols
 		if err != nil {
 			return fmt.Errorf("column %s of %s as %s: %w", c, m.name, typ, classify(err))
 		}
-		if !ok && !slices.Contains(m.ins, c) {
-			m.ins = append(m.ins, c)
+		e := edit()
+		if !ok && !slices.Contains(e.ins, c) {
+			e.ins = append(e.ins, c)
 		}
-		m.cols[c], m.types[c] = true, have
+		e.cols[c], e.types[c] = true, have
 	}
 	return nil
 }
