@@ -48,6 +48,9 @@ type Activities struct {
 	// status starter status shows: the worker's MaxHeartbeatThrottleInterval
 	// sends them to the server as often (docs/operating.md#live-status).
 	LiveEvery time.Duration
+	// DataConverter decodes the heartbeats ReadLiveFigures reads (the
+	// client's; nil: the default).
+	DataConverter converter.DataConverter
 	// Busy, if set, is told when a read finds a backlog, the operator's
 	// exclude list changes or a run moves in place: work that will keep
 	// the worker busy (the worker's gomaxprocs.Governor).

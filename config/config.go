@@ -29,6 +29,10 @@ type Stream struct {
 	Batch           Batch     `json:"batch"`
 	Run             Run       `json:"run"`
 	TopologyRefresh Duration  `json:"topologyRefresh,omitempty"`
+	// StatusRefresh is how often the stream reads its running tablets'
+	// live figures for its status query and memo (at the least: 10 ms
+	// per running tablet where that is longer).
+	StatusRefresh Duration `json:"statusRefresh,omitempty"`
 	// ReportRate bounds the tablets' reports to the stream workflow, in
 	// signals per second for the whole stream, however many tablets
 	// change state at once.
@@ -151,7 +155,10 @@ var (
 	// fallback replica end sooner (activities.FallbackRun).
 	DefaultRun             = Run{Duration: Duration(5 * time.Minute), HeartbeatTimeout: Duration(10 * time.Second)}
 	DefaultTopologyRefresh = time.Minute
-	DefaultReportRate      = 100.0
+	// DefaultStatusRefresh: with workers that send heartbeats every 2 s
+	// (--live-every 2s), figures at most 5 s old.
+	DefaultStatusRefresh = 3 * time.Second
+	DefaultReportRate    = 100.0
 )
 
 // Bounds of ReportRate: below one report a second a stream of thousands of
@@ -308,6 +315,9 @@ func (s *Stream) Defaults() {
 	if s.TopologyRefresh == 0 {
 		s.TopologyRefresh = Duration(DefaultTopologyRefresh)
 	}
+	if s.StatusRefresh == 0 {
+		s.StatusRefresh = Duration(DefaultStatusRefresh)
+	}
 	if s.ReportRate == 0 {
 		s.ReportRate = DefaultReportRate
 	}
@@ -351,6 +361,9 @@ func (s *Stream) Validate() error {
 		// Each refresh lists every tablet of the keyspace; a timer of zero or
 		// less would re-list in a tight loop.
 		return fieldErr("topologyRefresh", "%v: must be at least 1s", s.TopologyRefresh)
+	}
+	if s.StatusRefresh.D() < time.Second {
+		return fieldErr("statusRefresh", "%v: must be at least 1s", s.StatusRefresh)
 	}
 	if !(s.ReportRate >= MinReportRate && s.ReportRate <= MaxReportRate) {
 		return fieldErr("reportRate", "%v: want %v to %v reports per second", s.ReportRate, MinReportRate, MaxReportRate)

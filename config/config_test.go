@@ -58,6 +58,7 @@ func TestDecodeAcceptsTheDesignExample(t *testing.T) {
 		Batch:           Batch{MaxRecords: 1000, MaxWait: Duration(500 * time.Millisecond), Linger: ptr(Duration(DefaultLinger))},
 		Run:             Run{Duration: Duration(time.Minute), HeartbeatTimeout: Duration(10 * time.Second)},
 		TopologyRefresh: Duration(time.Minute),
+		StatusRefresh:   Duration(DefaultStatusRefresh),
 		ReportRate:      100,
 		Exclude:         ExcludeList{{Alias: "zone2-0000000201", Reason: "maintenance", TTL: Duration(2 * time.Hour)}},
 	}
@@ -90,6 +91,7 @@ func TestDecodeFillsDocumentedDefaultsForAMinimalConfig(t *testing.T) {
 		{name: "batch", got: got.Batch, want: DefaultBatch},
 		{name: "run", got: got.Run, want: DefaultRun},
 		{name: "topologyRefresh", got: got.TopologyRefresh.D(), want: DefaultTopologyRefresh},
+		{name: "statusRefresh", got: got.StatusRefresh.D(), want: DefaultStatusRefresh},
 		{name: "reportRate", got: got.ReportRate, want: DefaultReportRate},
 		// No exclusions.
 		{name: "exclude", got: got.Exclude, want: ExcludeList(nil)},
@@ -253,6 +255,7 @@ func TestDecodeRejectsBadConfigsNamingTheField(t *testing.T) {
 		{name: "negative topologyRefresh", in: minimal(`"topologyRefresh": "-1m"`), wantPrefix: "topologyRefresh:"},
 		// ... as would a very short one.
 		{name: "topologyRefresh below 1s", in: minimal(`"topologyRefresh": "999ms"`), wantPrefix: "topologyRefresh: 999ms: must be at least 1s"},
+		{name: "statusRefresh below 1s", in: minimal(`"statusRefresh": "500ms"`), wantPrefix: "statusRefresh: 500ms: must be at least 1s"},
 		// ... which also holds against the default maxWait (500ms).
 		{name: "heartbeatTimeout below twice default maxWait", in: minimal(`"batch": {"maxWait": "1s"}, "run": {"heartbeatTimeout": "1s"}`),
 			wantPrefix: "run.heartbeatTimeout:"},
@@ -300,6 +303,9 @@ func TestDecodeAcceptsBoundaryValues(t *testing.T) {
 		// The shortest topology refresh.
 		{name: "topologyRefresh of 1s", extra: `"topologyRefresh": "1s"`,
 			check: func(t *testing.T, s Stream) { require.Equal(t, time.Second, s.TopologyRefresh.D()) }},
+		// The shortest status refresh.
+		{name: "statusRefresh of 1s", extra: `"statusRefresh": "1s"`,
+			check: func(t *testing.T, s Stream) { require.Equal(t, time.Second, s.StatusRefresh.D()) }},
 		// The slowest and fastest report pace.
 		{name: "reportRate of 1", extra: `"reportRate": 1`,
 			check: func(t *testing.T, s Stream) { require.Equal(t, 1.0, s.ReportRate) }},

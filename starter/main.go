@@ -163,8 +163,8 @@ func status(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", stderr, &conn)
 	watch := fs.Bool("watch", false, "refresh until interrupted, with records/s")
 	interval := fs.Duration("interval", 2*time.Second, "refresh interval for --watch")
-	asJSON := fs.Bool("json", false, "print the status query's JSON (with the live figures unless --live=false)")
-	liveFigures := fs.Bool("live", true, "show each running tablet's checkpoint, records and lag as its run's last heartbeat has them (docs/operating.md#live-status)")
+	asJSON := fs.Bool("json", false, "print the status query's JSON (with the heartbeats read now unless --live=false)")
+	liveFigures := fs.Bool("live", true, "read each running tablet's last heartbeat now, not only as of the stream's last read (docs/operating.md#live-status)")
 	id, err := parseID(fs, args)
 	if err != nil {
 		return err
@@ -183,10 +183,10 @@ func status(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		var age map[string]time.Duration
 		if *liveFigures {
-			st, age = withLive(st, live(ctx, c, opts.DataConverter, st), time.Now())
+			st = withLive(ctx, c, opts.DataConverter, st, time.Now())
 		}
+		age := liveAge(st, time.Now())
 		if *asJSON {
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")

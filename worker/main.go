@@ -140,7 +140,7 @@ func run() error {
 	w := worker.New(c, *taskQueue, workerOptions(*pollers, *maxActivities, *stopTimeout, *liveEvery))
 	w.RegisterWorkflow(workflows.StreamWorkflow)
 	w.RegisterWorkflow(workflows.TabletWorkflow)
-	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger, Metrics: m, Busy: gov.Busy, LiveEvery: *liveEvery,
+	w.RegisterActivity(&activities.Activities{Resources: res, Client: c, Logger: logger, Metrics: m, Busy: gov.Busy, LiveEvery: *liveEvery, DataConverter: opts.DataConverter,
 		Watcher: &activities.Watcher{Client: c, Interval: time.Second, Logger: logger, DataConverter: opts.DataConverter}})
 	logger.Info("worker starting", zap.String("address", opts.HostPort), zap.String("namespace", opts.Namespace),
 		zap.String("taskQueue", *taskQueue), zap.Int("maxConcurrentActivities", *maxActivities))

@@ -63,7 +63,7 @@ func TestRecordScriptedHistories(t *testing.T) {
 	for name, fn := range map[string]any{
 		"EnsureStream": f.EnsureStream, "ReadTopology": f.ReadTopology, "ReadTopologyAndPick": f.ReadTopologyAndPick,
 		"CheckTablets": f.CheckTablets, "SelectReplica": f.SelectReplica, "GetChanges": f.GetChanges, "DeleteStream": f.DeleteStream,
-		"Resync": f.Resync, "Snapshot": f.Snapshot, "SetTables": f.SetTables,
+		"Resync": f.Resync, "Snapshot": f.Snapshot, "SetTables": f.SetTables, "ReadLiveFigures": f.ReadLiveFigures,
 	} {
 		w.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
 	}
@@ -255,6 +255,20 @@ func TestRecordScriptedHistories(t *testing.T) {
 		})
 		r.stop(stream)
 		r.record(stream, "stream-source-tables-stopped")
+	})
+
+	// changeLiveStatus: the stream reads its running tablet's live
+	// figures beside its loop, shows them in its status and its memo;
+	// then it stops.
+	t.Run("live-status", func(t *testing.T) {
+		const stream = "liveme"
+		r.start(stream)
+		r.waitStream(stream, "t-0001 streaming with live figures", func(st workflows.StreamStatus) bool {
+			return len(st.Tablets) == 1 && st.Tablets[0].State == workflows.Streaming && st.Tablets[0].Live != nil &&
+				st.Live != nil && st.Live.Records > 0
+		})
+		r.stop(stream)
+		r.record(stream, "stream-live-status-stopped")
 	})
 
 	// changeRetryAfterClose: the operator retries a tablet that reported
@@ -509,6 +523,17 @@ func (f *scripted) Snapshot(_ context.Context, in activities.SnapshotInput) (act
 }
 
 func (f *scripted) DeleteStream(context.Context, activities.DeleteStreamInput) error { return nil }
+
+// ReadLiveFigures says each tablet's run is far past its reports.
+func (f *scripted) ReadLiveFigures(_ context.Context, in activities.ReadLiveInput) ([]activities.LiveFigures, error) {
+	var out []activities.LiveFigures
+	for _, id := range in.Tablets {
+		now := time.Now()
+		out = append(out, activities.LiveFigures{Tablet: id, Checkpoint: source.Checkpoint{Term: 1, Index: 1 << 40}, Records: 7, Batches: 1,
+			LastCommit: now, At: now, Running: true})
+	}
+	return out, nil
+}
 
 func (f *scripted) GetChanges(ctx context.Context, in activities.GetChangesInput) (activities.GetChangesResult, error) {
 	info := activity.GetInfo(ctx)

@@ -130,6 +130,10 @@ var recorded = map[string]recording{
 	// changeSourceTables: a table added by configure (published, then
 	// backfilled by a snapshot), then removed.
 	"stream-source-tables-stopped.json": {"tableme", "caed93f8df62e1aaa26fd8ad7afc481e4cf499f6f792f14a05a74bfe6a37fb4c"},
+	// changeLiveStatus: the stream read its running tablet's live
+	// figures (ReadLiveFigures) for its status and memo, then stopped
+	// (from TestRecordScriptedHistories).
+	"stream-live-status-stopped.json": {"liveme", "ce37ec185d78ea8fd9a1b17350101921abd67ccba8e858f21ffc50ccc5bbb58a"},
 }
 
 // TestRecordedHistoriesAreAppendOnly fails when a committed history file

@@ -129,6 +129,9 @@ type stream struct {
 	starts       workflow.Channel
 	owed         map[string]bool
 	owedTunables map[string]bool
+	// lv is what the reads of the running tablets' live figures found
+	// (changeLiveStatus); nil: this run does not read them.
+	lv *liveView
 }
 
 // durable reports whether this run has the durability changes (see
@@ -139,7 +142,7 @@ func (s *stream) run(ctx workflow.Context) error {
 	// The status is computed at the query's time, so a paused tablet's
 	// retention counts down between workflow tasks too (a query issues no
 	// command, so reading the clock here is safe).
-	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (StreamStatus, error) { return s.status(time.Now()), nil }); err != nil {
+	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (StreamStatus, error) { return s.liveStatus(time.Now()), nil }); err != nil {
 		return err
 	}
 	signals, err := s.registerOperatorCommands(ctx)
@@ -247,6 +250,9 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 	s.driveSnapshot(false)
 	s.published = workflow.NewChannel(ctx)
 	s.drivePublish(false)
+	if workflow.GetVersion(ctx, changeLiveStatus, workflow.DefaultVersion, 1) >= 1 {
+		s.lv = &liveView{in: workflow.NewChannel(ctx)}
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return temporal.NewCanceledError("stream cancelled")
@@ -304,6 +310,17 @@ func (s *stream) loop(ctx, actx workflow.Context) error {
 			c.Receive(ctx, &r)
 			s.onStarted(ctx, r)
 		})
+		if s.lv != nil {
+			s.scheduleLive(ctx)
+			if s.lv.next != nil {
+				sel.AddFuture(s.lv.next, func(workflow.Future) { s.readLive(ctx, actx) })
+			}
+			sel.AddReceive(s.lv.in, func(c workflow.ReceiveChannel, _ bool) {
+				var r liveRead
+				c.Receive(ctx, &r)
+				s.onLive(ctx, r)
+			})
+		}
 		sel.Select(ctx)
 		if !sel.HasPending() {
 			// What the tablets are owed goes out once the commands, reports

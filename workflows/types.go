@@ -101,6 +101,23 @@ type TabletStatus struct {
 	// Copy is the tablet's copy of rows (a stream's start, a resync, an
 	// ad-hoc snapshot) as its last run that reported one saw it.
 	Copy *source.CopyProgress `json:"copy,omitempty"`
+	// Live is set in a status query's answer (not in reports) when the
+	// tablet's pending GetChanges run is past the figures it last
+	// reported: Checkpoint, Records, Batches and LagSeconds are then the
+	// run's as of its last heartbeat (docs/operating.md#live-status).
+	Live *LiveRow `json:"live,omitempty"`
+}
+
+// LiveRow says how a status row's live figures were read.
+type LiveRow struct {
+	// At is when the server got the heartbeat they come from.
+	At time.Time `json:"at"`
+	// Records and Batches are the pending run's, counted in the row's.
+	Records int64 `json:"records"`
+	Batches int64 `json:"batches"`
+	// RecordsPerSecond is the tablet's rate between the stream's last two
+	// reads of the live figures (none before the second).
+	RecordsPerSecond float64 `json:"recordsPerSecond,omitempty"`
 }
 
 // StreamStatus is the `status` query's result.
@@ -119,6 +136,9 @@ type StreamStatus struct {
 	// TablesChange is the last change of the tables the stream reads
 	// (configure's source.tables), if any.
 	TablesChange *TablesChange `json:"tablesChange,omitempty"`
+	// Live is the stream's totals as of its last read of the live
+	// figures (none before the first, or with statusRefresh off).
+	Live *LiveTotals `json:"live,omitempty"`
 }
 
 // TopologyTrouble says why and since when the stream cannot list its

@@ -210,4 +210,10 @@ const (
 	// runs the SetTables activity and then a snapshot of the tables
 	// added. Asked for at the first change of tables a stream applies.
 	changeSourceTables = "source-tables"
+
+	// changeLiveStatus: the stream reads its running tablets' live
+	// figures (the ReadLiveFigures activity) every statusRefresh, beside
+	// its loop, for its status query and its memo (MemoLive). Asked for
+	// as the loop begins.
+	changeLiveStatus = "live-status"
 )

@@ -1,0 +1,143 @@
+package workflows
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tabletflow/tabletflow/activities"
+	"github.com/tabletflow/tabletflow/source"
+)
+
+// A running tablet's heartbeat past the status shows live; one that is
+// not (a run that just reported) leaves the status's figures; a
+// Streaming tablet whose running attempt has not committed for over
+// StallAfter is stalled, whether its checkpoint is shown live or not;
+// not an attempt waiting for its retry, nor a retry that has not
+// committed yet.
+func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	cp := func(i uint64) source.Checkpoint { return source.Checkpoint{Term: 1, Index: i} }
+	st := StreamStatus{Stream: "orders", Tablets: []TabletStatus{
+		{ID: "t1", State: Streaming, Checkpoint: cp(10), Records: 10, Batches: 2},
+		{ID: "t2", State: Streaming, Checkpoint: cp(10), Records: 10},
+		{ID: "t3", State: Streaming, Checkpoint: cp(10), Records: 10},
+		{ID: "t4", State: Retrying, Checkpoint: cp(10), Records: 10, Reason: "sink down"},
+		{ID: "t5", State: Streaming, Checkpoint: cp(10)},
+		{ID: "t6", State: Streaming, Checkpoint: cp(10)},
+	}}
+	figures := []activities.LiveFigures{
+		{Tablet: "t1", Checkpoint: cp(25), Records: 15, Batches: 3, LagSeconds: 0.5, LastCommit: now.Add(-time.Second), At: now.Add(-2 * time.Second), Running: true},
+		{Tablet: "t2", Checkpoint: cp(10), LastCommit: now.Add(-150 * time.Second), At: now.Add(-time.Second), Running: true},
+		{Tablet: "t3", Checkpoint: cp(12), Records: 2, LastCommit: now.Add(-3 * time.Minute), At: now.Add(-time.Second), Running: true},
+		{Tablet: "t4", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now, Running: true},
+		{Tablet: "t5", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now.Add(-time.Hour)}, // waits for its retry
+		{Tablet: "t6", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now, Running: true, Failing: true},
+	}
+	got := WithLive(st, figures, now)
+	t1 := got.Tablets[0]
+	require.Equal(t, cp(25), t1.Checkpoint)
+	require.Equal(t, int64(25), t1.Records)
+	require.Equal(t, int64(5), t1.Batches)
+	require.Equal(t, 0.5, t1.LagSeconds)
+	require.Equal(t, &LiveRow{At: now.Add(-2 * time.Second), Records: 15, Batches: 3}, t1.Live)
+	require.Empty(t, t1.Reason)
+	require.Equal(t, cp(10), got.Tablets[1].Checkpoint, "not past the status: its own figures")
+	require.Nil(t, got.Tablets[1].Live)
+	require.Equal(t, StalledReason(150*time.Second), got.Tablets[1].Reason)
+	require.Equal(t, StalledReason(3*time.Minute), got.Tablets[2].Reason)
+	require.NotNil(t, got.Tablets[2].Live)
+	require.Equal(t, "sink down", got.Tablets[3].Reason, "only a Streaming tablet is stalled: the others say why already")
+	require.Empty(t, got.Tablets[4].Reason, "an attempt waiting for its retry is not stalled")
+	require.Empty(t, got.Tablets[5].Reason, "a retry that has not committed yet is not stalled")
+	require.Equal(t, cp(10), st.Tablets[0].Checkpoint, "the status given is left alone")
+
+	// A status query's answer is live already (the stream's last read);
+	// a later read of the same run counts from what the tablet reported,
+	// not from the live figures again.
+	later := WithLive(got, []activities.LiveFigures{
+		{Tablet: "t1", Checkpoint: cp(40), Records: 30, Batches: 6, At: now, Running: true, LastCommit: now},
+	}, now)
+	require.Equal(t, cp(40), later.Tablets[0].Checkpoint)
+	require.Equal(t, int64(40), later.Tablets[0].Records, "10 reported + 30 of the run")
+	require.Equal(t, int64(8), later.Tablets[0].Batches, "2 reported + 6 of the run")
+	// An older read leaves the row as it is.
+	same := WithLive(later, figures[:1], now)
+	require.Equal(t, later.Tablets[0], same.Tablets[0])
+}
+
+// The stream reads its running tablets' figures every statusRefresh, or
+// 10 ms per running tablet where that is longer.
+func TestLiveEveryGrowsWithTheRunningTablets(t *testing.T) {
+	require.Equal(t, 3*time.Second, liveEvery(3*time.Second, 1))
+	require.Equal(t, 3*time.Second, liveEvery(3*time.Second, 300))
+	require.Equal(t, 10*time.Second, liveEvery(3*time.Second, 1000))
+}
+
+// The stream reads its running tablets' live figures every
+// statusRefresh: its status query shows a Streaming tablet's checkpoint
+// and records moving between its reports, with a rate, and its memo
+// holds the stream's totals; a tablet that is not running is not read.
+func TestStreamStatusAndMemoShowTheRunningTabletsLiveFigures(t *testing.T) {
+	env := newEnv(t)
+	env.OnActivity(a.EnsureStream, mock.Anything, mock.Anything).Return(source.Stream{ID: "orders"}, nil)
+	env.OnActivity(a.ReadTopology, mock.Anything, mock.Anything).Return(activities.TopologyOf([]source.Tablet{{ID: "t-0001"}, {ID: "t-0002"}}), nil)
+	env.OnActivity(a.CheckTablets, mock.Anything, mock.Anything).Return(nil, nil).Maybe()
+	var started startedTablets
+	started.mock(env)
+	reads := 0
+	var asked [][]string
+	env.OnActivity(a.ReadLiveFigures, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.ReadLiveInput) ([]activities.LiveFigures, error) {
+			reads++
+			asked = append(asked, in.Tablets)
+			require.Equal(t, "orders/tablet/", in.WorkflowPrefix)
+			n := int64(reads) * 30 // 10 records a second
+			return []activities.LiveFigures{{Tablet: "t-0001", Checkpoint: cp(uint64(10 + n)), Records: n, Batches: int64(reads),
+				LastCommit: env.Now(), At: env.Now(), Running: true}}, nil
+		})
+	var memos []LiveTotals
+	env.OnUpsertMemo(mock.Anything).Run(func(args mock.Arguments) {
+		if l, ok := args.Get(0).(map[string]any)[MemoLive]; ok {
+			memos = append(memos, *l.(*LiveTotals))
+		}
+	}).Return(nil)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Checkpoint: cp(10), Records: 10, Seq: 1})
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0002", State: Paused, Checkpoint: cp(5), Records: 5, Seq: 1})
+	}, time.Second)
+	var first, second StreamStatus
+	query := func(into *StreamStatus) {
+		v, err := env.QueryWorkflow(QueryStatus)
+		require.NoError(t, err)
+		require.NoError(t, v.Get(into))
+	}
+	env.RegisterDelayedCallback(func() { query(&first) }, 10*time.Second)
+	env.RegisterDelayedCallback(func() { query(&second) }, 20*time.Second)
+	env.RegisterDelayedCallback(env.CancelWorkflow, 21*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, json.RawMessage(goodConfig), (*StreamState)(nil))
+
+	require.GreaterOrEqual(t, reads, 5, "read every statusRefresh (3 s)")
+	for _, ids := range asked {
+		require.Equal(t, []string{"t-0001"}, ids, "only the running tablets are read")
+	}
+	t1 := second.Tablets[0]
+	require.Equal(t, Streaming, t1.State)
+	require.Equal(t, 1, first.Tablets[0].Checkpoint.Compare(cp(10)), "past the tablet's report: %v", first.Tablets[0].Checkpoint)
+	require.Equal(t, 1, t1.Checkpoint.Compare(first.Tablets[0].Checkpoint), "moving between two queries with no report")
+	require.NotNil(t, t1.Live)
+	require.Equal(t, t1.Records, 10+t1.Live.Records)
+	require.InDelta(t, 10, t1.Live.RecordsPerSecond, 0.01)
+	require.Nil(t, second.Tablets[1].Live, "a Paused tablet keeps its reported figures")
+	require.NotNil(t, second.Live)
+	require.Equal(t, t1.Records+5, second.Live.Records)
+	require.InDelta(t, 10, second.Live.RecordsPerSecond, 0.01)
+	require.NotEmpty(t, memos)
+	last := memos[len(memos)-1]
+	require.Equal(t, second.Live.Records, last.Records, "the memo has the stream's totals")
+	require.Zero(t, last.Stalled)
+}
