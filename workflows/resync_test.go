@@ -105,3 +105,30 @@ func tabletStatus(st StreamStatus, id string) TabletStatus {
 	}
 	return TabletStatus{}
 }
+
+// A tablet being resynced is counted in the memo's tabletStates
+// (changeLiveStatus), so that tabletflow_tablets_not_streaming counts it.
+func TestMemoCountsAResyncingTablet(t *testing.T) {
+	env := newEnv(t)
+	w := &streamWith{lists: [][]source.Tablet{{{ID: "t-0001"}}}}
+	w.mock(env)
+	var r tabletRunner
+	r.mock(env)
+	env.OnActivity(a.Resync, mock.Anything, mock.Anything).After(10*time.Second).Return(cp(900), nil)
+	var counts []map[string]int
+	env.OnUpsertMemo(mock.Anything).Run(func(args mock.Arguments) {
+		if c, ok := args.Get(0).(map[string]any)[MemoTabletStates]; ok {
+			counts = append(counts, c.(map[string]int))
+		}
+	}).Return(nil)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Expired, Checkpoint: cp(77), Updated: env.Now(), Seq: 1})
+	}, 5*time.Second)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(CmdResync, json.RawMessage(`{"tablets": ["t-0001"]}`))
+	}, 6*time.Second)
+	env.RegisterDelayedCallback(env.CancelWorkflow, 12*time.Second)
+	env.ExecuteWorkflow(StreamWorkflow, streamConfig(t), (*StreamState)(nil))
+
+	require.Contains(t, counts, map[string]int{string(Resyncing): 1}, "%v", counts)
+}

@@ -744,7 +744,7 @@ func (s *stream) details(ctx workflow.Context) {
 	}
 	memo, exclude := s.memoValues()
 	var parts []string
-	for _, st := range memoStates {
+	for _, st := range s.memoStates() {
 		if n := memo[string(st)]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, st))
 		}
@@ -771,6 +771,15 @@ const MemoTabletStates = "tabletStates"
 // name them.
 var memoStates = []State{Streaming, Retrying, NoEligibleReplica, Stuck, Paused, Starting, Split, Expired, Failed, Stopped}
 
+// memoStates are the states this run's memo counts: Resyncing too with
+// changeLiveStatus (a run recorded before it counted the others only).
+func (s *stream) memoStates() []State {
+	if s.lv == nil {
+		return memoStates
+	}
+	return append(slices.Clone(memoStates), Resyncing)
+}
+
 // memoValues returns what the memo should hold now: the count of tablets
 // in each state (states with none left out) and the operator exclude list
 // described.
@@ -780,7 +789,7 @@ func (s *stream) memoValues() (map[string]int, []string) {
 		counts[t.State]++
 	}
 	memo := map[string]int{}
-	for _, st := range memoStates {
+	for _, st := range s.memoStates() {
 		if n := counts[st]; n > 0 {
 			memo[string(st)] = n
 		}
