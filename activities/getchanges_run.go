@@ -133,7 +133,7 @@ func (r *changesRun) release() {
 // lastError as the reason the last attempt failed ("" once one commits).
 func (r *changesRun) progress(lastError string) Heartbeat {
 	return Heartbeat{Checkpoint: r.res.Checkpoint, Records: r.res.Records, Batches: r.res.Batches, LagSeconds: r.res.LagSeconds,
-		LastError: lastError, LastSuccess: r.lastSuccess, Switched: r.res.Switched, Left: r.res.Left}
+		LastError: lastError, LastSuccess: r.lastSuccess, Switched: r.res.Switched, Left: r.res.Left, Counted: r.in.Counted}
 }
 
 // fail records err in the heartbeat, so the next attempt can report why

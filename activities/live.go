@@ -38,6 +38,10 @@ type LiveFigures struct {
 	// Failing: the run's predecessor failed and it has not committed
 	// since (its heartbeat carries the error).
 	Failing bool `json:"failing,omitempty"`
+	// Totals are the tablet's records and batches with the run's, where
+	// the run was told what the tablet had counted before it (none: a
+	// run started by a tablet workflow from before Counted).
+	Totals *Counted `json:"totals,omitempty"`
 }
 
 // ReadLiveInput names a stream's running tablets.
@@ -87,6 +91,9 @@ func ReadLive(ctx context.Context, d WorkflowDescriber, dc converter.DataConvert
 					Running: pa.GetState() == enumspb.PENDING_ACTIVITY_STATE_STARTED,
 					Failing: hb.LastError != "",
 				}
+				if c := hb.Counted; c != nil {
+					found[i].Totals = &Counted{Records: c.Records + hb.Records, Batches: c.Batches + hb.Batches}
+				}
 			}
 		})
 	}
@@ -100,6 +107,10 @@ func ReadLive(ctx context.Context, d WorkflowDescriber, dc converter.DataConvert
 	return out
 }
 
+// readLiveFor bounds one ReadLiveFigures: what it has read by then it
+// returns, well within its activity's 30 s start-to-close timeout.
+const readLiveFor = 20 * time.Second
+
 // ReadLiveFigures is ReadLive as an activity, for the stream's status
 // query and memo.
 func (a *Activities) ReadLiveFigures(ctx context.Context, in ReadLiveInput) ([]LiveFigures, error) {
@@ -108,5 +119,7 @@ func (a *Activities) ReadLiveFigures(ctx context.Context, in ReadLiveInput) ([]L
 		a.logger().Warn("read live figures: the Temporal client cannot describe workflows; skipped")
 		return nil, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, readLiveFor)
+	defer cancel()
 	return ReadLive(ctx, d, a.DataConverter, in), nil
 }

@@ -114,6 +114,10 @@ type GetChangesInput struct {
 	// this run's first commit is news to it: the run signals Streaming
 	// then (SignalProgress), as a retry's first commit does.
 	Recovering bool `json:"recovering,omitempty"`
+	// Counted is what the tablet had counted before this run; the run's
+	// heartbeat carries it, so that a live status shows the tablet's
+	// totals even when its last run ended unreported.
+	Counted *Counted `json:"counted,omitempty"`
 	// Sections, when set, names the stream's config, whose source and
 	// sink sections are read instead of Source's and Sink's (see
 	// ConfigRef).
@@ -187,6 +191,14 @@ type Heartbeat struct {
 	// earlier attempts left in place, which it does not pick again.
 	Switched *Selection         `json:"switched,omitempty"`
 	Left     config.ExcludeList `json:"left,omitempty"`
+	// Counted is the run's input's (GetChangesInput.Counted).
+	Counted *Counted `json:"counted,omitempty"`
+}
+
+// Counted is a tablet's records and batches.
+type Counted struct {
+	Records int64 `json:"records"`
+	Batches int64 `json:"batches"`
 }
 
 // Progress is the SignalProgress payload.

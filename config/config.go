@@ -30,8 +30,8 @@ type Stream struct {
 	Run             Run       `json:"run"`
 	TopologyRefresh Duration  `json:"topologyRefresh,omitempty"`
 	// StatusRefresh is how often the stream reads its running tablets'
-	// live figures for its status query and memo (at the least: 10 ms
-	// per running tablet where that is longer).
+	// live figures for its status query and memo (30 ms per running
+	// tablet where that is longer).
 	StatusRefresh Duration `json:"statusRefresh,omitempty"`
 	// ReportRate bounds the tablets' reports to the stream workflow, in
 	// signals per second for the whole stream, however many tablets

@@ -19,7 +19,7 @@ import (
 
 // withLive is st with each running tablet's pending run read now, where
 // that is past what st shows.
-func withLive(ctx context.Context, c client.Client, dc converter.DataConverter, st workflows.StreamStatus, now time.Time) workflows.StreamStatus {
+func withLive(ctx context.Context, c client.Client, dc converter.DataConverter, st workflows.StreamStatus) workflows.StreamStatus {
 	var ids []string
 	for _, t := range st.Tablets {
 		if t.State == workflows.Streaming || t.State == workflows.Retrying {
@@ -30,7 +30,7 @@ func withLive(ctx context.Context, c client.Client, dc converter.DataConverter, 
 		return st
 	}
 	figures := activities.ReadLive(ctx, c, dc, activities.ReadLiveInput{WorkflowPrefix: workflows.TabletWorkflowID(st.Stream, ""), Tablets: ids})
-	return workflows.WithLive(st, figures, now)
+	return workflows.WithLive(st, figures)
 }
 
 // liveAge is how old each live row's heartbeat is at now.

@@ -184,7 +184,7 @@ func status(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		if *liveFigures {
-			st = withLive(ctx, c, opts.DataConverter, st, time.Now())
+			st = withLive(ctx, c, opts.DataConverter, st)
 		}
 		age := liveAge(st, time.Now())
 		if *asJSON {

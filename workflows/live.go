@@ -3,6 +3,7 @@ package workflows
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -30,17 +31,37 @@ var liveStates = []State{Streaming, Retrying}
 // has not committed yet (its LastError says why its predecessor failed).
 const StallAfter = 2 * time.Minute
 
-// Stalled reports how long f's run has gone without a commit at now, and
-// whether that makes it stalled: an attempt a worker runs that has
-// committed since it began, its last commit over StallAfter ago.
-func Stalled(f activities.LiveFigures, now time.Time) (time.Duration, bool) {
-	since := now.Sub(f.LastCommit)
+// Stalled reports how long f's run had gone without a commit when the
+// server got its heartbeat, and whether that makes it stalled: an attempt
+// a worker runs that has committed since it began, its last commit over
+// StallAfter before that heartbeat. (Judged at the heartbeat, not at the
+// query: figures read long ago, or a worker that stopped heartbeating,
+// stall nothing.)
+func Stalled(f activities.LiveFigures) (time.Duration, bool) {
+	since := f.At.Sub(f.LastCommit)
 	return since, f.Running && !f.Failing && !f.LastCommit.IsZero() && since > StallAfter
 }
 
-// StalledReason is the reason a stalled tablet's row gives.
-func StalledReason(since time.Duration) string {
-	return fmt.Sprintf("stalled: no commit for %s (a read or the sink hangs)", since.Round(time.Second))
+// stalledEnd ends StalledReason's words.
+const stalledEnd = "(a read or the sink hangs)"
+
+// StalledReason is the reason a stalled tablet's row gives, before the
+// tablet's own reason if it has one.
+func StalledReason(since time.Duration, own string) string {
+	r := fmt.Sprintf("stalled: no commit for %s %s", since.Round(time.Second), stalledEnd)
+	if own != "" {
+		r += "; " + own
+	}
+	return r
+}
+
+// withoutStalled is reason without a StalledReason before it.
+func withoutStalled(reason string) string {
+	if !strings.HasPrefix(reason, "stalled: no commit for ") {
+		return reason
+	}
+	_, own, _ := strings.Cut(reason, stalledEnd)
+	return strings.TrimPrefix(own, "; ")
 }
 
 // LiveTotals are a stream's figures as of its last read of the live
@@ -62,12 +83,13 @@ type LiveTotals struct {
 const MemoLive = "live"
 
 // WithLive shows in st each tablet's pending run where its figures are
-// past the row's: its checkpoint, the records and batches of the tablet's
-// earlier runs plus the run's, and its lag (the row's Live says so). A
-// row that is live already (a status query's answer) is counted from what
-// its tablet reported. A Streaming tablet whose run is stalled at now
-// gets StalledReason as its reason. st is left alone.
-func WithLive(st StreamStatus, figures []activities.LiveFigures, now time.Time) StreamStatus {
+// past the row's: its checkpoint, the tablet's records and batches with
+// the run's, and its lag (the row's Live says so). A row that is live
+// already (a status query's answer) is counted from what its tablet
+// reported, and keeps its rate. A Streaming tablet whose run is stalled
+// (Stalled) gets StalledReason before its reason; one that is not, none.
+// st is left alone.
+func WithLive(st StreamStatus, figures []activities.LiveFigures) StreamStatus {
 	byTablet := make(map[string]activities.LiveFigures, len(figures))
 	for _, f := range figures {
 		byTablet[f.Tablet] = f
@@ -79,20 +101,29 @@ func WithLive(st StreamStatus, figures []activities.LiveFigures, now time.Time) 
 		if !ok {
 			continue
 		}
-		if since, stalled := Stalled(f, now); stalled && t.State == Streaming {
-			t.Reason = StalledReason(since)
+		t.Reason = withoutStalled(t.Reason)
+		if since, stalled := Stalled(f); stalled && t.State == Streaming {
+			t.Reason = StalledReason(since, t.Reason)
 		}
 		if f.Checkpoint.Compare(t.Checkpoint) <= 0 {
 			continue // not past the row (a run that just reported, or a read older than the row's)
 		}
-		reported := *t
+		live := &LiveRow{At: f.At, Records: f.Records, Batches: f.Batches}
+		if f.Totals != nil {
+			t.Records, t.Batches = f.Totals.Records, f.Totals.Batches
+		} else {
+			reported := *t
+			if t.Live != nil {
+				reported.Records, reported.Batches = t.Records-t.Live.Records, t.Batches-t.Live.Batches
+			}
+			t.Records, t.Batches = reported.Records+f.Records, reported.Batches+f.Batches
+		}
 		if t.Live != nil {
-			reported.Records, reported.Batches = t.Records-t.Live.Records, t.Batches-t.Live.Batches
+			live.RecordsPerSecond = t.Live.RecordsPerSecond
 		}
 		t.Checkpoint = f.Checkpoint
-		t.Records, t.Batches = reported.Records+f.Records, reported.Batches+f.Batches
 		t.LagSeconds = f.LagSeconds
-		t.Live = &LiveRow{At: f.At, Records: f.Records, Batches: f.Batches}
+		t.Live = live
 	}
 	return st
 }
@@ -101,10 +132,8 @@ func WithLive(st StreamStatus, figures []activities.LiveFigures, now time.Time) 
 type liveView struct {
 	figures []activities.LiveFigures
 	totals  *LiveTotals
-	// records is each tablet's records at the last read, rates the
-	// tablet's rate since the read before.
-	records map[string]int64
-	rates   map[string]float64
+	// rates are each tablet's last rate, taken between two heartbeats.
+	rates map[string]liveRate
 	// next is the timer to the next read; busy, a read runs.
 	next workflow.Future
 	busy bool
@@ -112,19 +141,31 @@ type liveView struct {
 	memo LiveTotals
 }
 
-// liveRead is what one ReadLiveFigures came back with.
+// liveRate is a tablet's records at a heartbeat, and its rate up to it.
+type liveRate struct {
+	records int64
+	at      time.Time
+	perSec  float64
+}
+
+// liveRead is what one read of the live figures came back with.
 type liveRead struct {
 	Figures []activities.LiveFigures
 	Err     string
 }
 
 // liveEvery is how long the stream waits between two reads of its
-// running tablets' figures: statusRefresh, or 10 ms per running tablet
+// running tablets' figures: statusRefresh, or 30 ms per running tablet
 // where that is longer (the describes on the server, and the figures in
-// the stream's history, grow with the tablets).
+// the stream's history, about 200 bytes a tablet a read, grow with the
+// tablets: 30 s at 1,000).
 func liveEvery(refresh time.Duration, running int) time.Duration {
-	return max(refresh, time.Duration(running)*10*time.Millisecond)
+	return max(refresh, time.Duration(running)*30*time.Millisecond)
 }
+
+// liveChunk is the most tablets one ReadLiveFigures reads (its input and
+// result stay well under the server's payload limits).
+const liveChunk = 500
 
 // runningTablets returns the tablets whose runs may be pending.
 func (s *stream) runningTablets() []string {
@@ -151,31 +192,47 @@ func (s *stream) scheduleLive(ctx workflow.Context) {
 	s.lv.next = workflow.NewTimer(ctx, liveEvery(s.cfg.StatusRefresh.D(), running))
 }
 
-// readLive reads the running tablets' live figures beside the loop.
+// readLive reads the running tablets' live figures beside the loop, in
+// activities of liveChunk tablets at most.
 func (s *stream) readLive(ctx, actx workflow.Context) {
 	s.lv.next, s.lv.busy = nil, true
 	ids := s.runningTablets()
 	workflow.Go(ctx, func(gctx workflow.Context) {
 		var a *activities.Activities
-		lctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
-			StartToCloseTimeout: 30 * time.Second, ScheduleToCloseTimeout: time.Minute,
-			Summary:     fmt.Sprintf("read the live figures of %d tablets", len(ids)),
-			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 5 * time.Second, MaximumAttempts: 3},
-		})
+		var futures []workflow.Future
+		for chunk := range slices.Chunk(ids, liveChunk) {
+			lctx := workflow.WithActivityOptions(actx, workflow.ActivityOptions{
+				StartToCloseTimeout: 30 * time.Second, ScheduleToCloseTimeout: time.Minute,
+				Summary:     fmt.Sprintf("read the live figures of %d tablets", len(chunk)),
+				RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 5 * time.Second, MaximumAttempts: 3},
+			})
+			futures = append(futures, workflow.ExecuteActivity(lctx, a.ReadLiveFigures, activities.ReadLiveInput{
+				WorkflowPrefix: TabletWorkflowID(s.id, ""), Tablets: chunk,
+			}))
+		}
 		var r liveRead
-		if err := workflow.ExecuteActivity(lctx, a.ReadLiveFigures, activities.ReadLiveInput{
-			WorkflowPrefix: TabletWorkflowID(s.id, ""), Tablets: ids,
-		}).Get(gctx, &r.Figures); err != nil {
-			r.Err = err.Error()
+		failed := 0
+		for _, f := range futures {
+			var figures []activities.LiveFigures
+			if err := f.Get(gctx, &figures); err != nil {
+				failed++
+				r.Err = err.Error()
+				continue
+			}
+			r.Figures = append(r.Figures, figures...)
+		}
+		if failed < len(futures) {
+			r.Err = "" // a chunk that failed keeps its figures (onLive)
 		}
 		s.lv.in.Send(gctx, r)
 	})
 }
 
-// onLive takes a read of the live figures: the status shows them, the
-// rates are taken since the read before, and the memo gets the totals
-// when they changed. A read that failed leaves the figures as they were
-// (their Live.At says how old).
+// onLive takes a read of the live figures: the status shows them (a
+// running tablet the read missed keeps the figures it had), each
+// tablet's rate is taken between its last two heartbeats, and the memo
+// gets the totals when they changed. A read that failed leaves the
+// figures as they were (their Live.At says how old).
 func (s *stream) onLive(ctx workflow.Context, r liveRead) {
 	s.lv.busy = false
 	if r.Err != "" {
@@ -183,30 +240,44 @@ func (s *stream) onLive(ctx workflow.Context, r liveRead) {
 		return
 	}
 	now := workflow.Now(ctx)
-	s.lv.figures = r.Figures
-	st := WithLive(s.status(time.Time{}), r.Figures, now)
-	prev := s.lv.totals
-	totals := &LiveTotals{At: now}
-	records, rates := map[string]int64{}, map[string]float64{}
-	for _, t := range st.Tablets {
-		records[t.ID] = t.Records
-		totals.Records += t.Records
-		if prev != nil {
-			if p, ok := s.lv.records[t.ID]; ok && t.Records >= p && now.After(prev.At) {
-				rates[t.ID] = float64(t.Records-p) / now.Sub(prev.At).Seconds()
-				totals.RecordsPerSecond += rates[t.ID]
-			}
+	read := map[string]bool{}
+	for _, f := range r.Figures {
+		read[f.Tablet] = true
+	}
+	figures := r.Figures
+	for _, f := range s.lv.figures {
+		if t := s.st.Tablets[f.Tablet]; !read[f.Tablet] && t != nil && slices.Contains(liveStates, t.State) {
+			figures = append(figures, f)
 		}
+	}
+	s.lv.figures = figures
+	st := WithLive(s.status(time.Time{}), figures)
+	totals := &LiveTotals{At: now}
+	rates := map[string]liveRate{}
+	for _, t := range st.Tablets {
+		totals.Records += t.Records
 		if t.State == Streaming {
 			totals.MaxLagSeconds = max(totals.MaxLagSeconds, t.LagSeconds)
+			if strings.HasPrefix(t.Reason, "stalled: ") {
+				totals.Stalled++
+			}
 		}
-	}
-	for _, f := range r.Figures {
-		if _, stalled := Stalled(f, now); stalled && s.st.Tablets[f.Tablet] != nil && s.st.Tablets[f.Tablet].State == Streaming {
-			totals.Stalled++
+		if t.Live == nil {
+			continue
 		}
+		rate := liveRate{records: t.Records, at: t.Live.At}
+		if p, ok := s.lv.rates[t.ID]; ok {
+			switch {
+			case rate.at.Equal(p.at):
+				rate.perSec = p.perSec // the same heartbeat
+			case rate.at.After(p.at) && rate.records >= p.records:
+				rate.perSec = float64(rate.records-p.records) / rate.at.Sub(p.at).Seconds()
+			}
+		}
+		rates[t.ID] = rate
+		totals.RecordsPerSecond += rate.perSec
 	}
-	s.lv.totals, s.lv.records, s.lv.rates = totals, records, rates
+	s.lv.totals, s.lv.rates = totals, rates
 	memo := *totals
 	memo.At = time.Time{}
 	memo.RecordsPerSecond = float64(int64(memo.RecordsPerSecond*10)) / 10
@@ -224,10 +295,10 @@ func (s *stream) liveStatus(now time.Time) StreamStatus {
 	if s.lv == nil {
 		return st
 	}
-	st = WithLive(st, s.lv.figures, now)
+	st = WithLive(st, s.lv.figures)
 	for i := range st.Tablets {
 		if l := st.Tablets[i].Live; l != nil {
-			l.RecordsPerSecond = s.lv.rates[st.Tablets[i].ID]
+			l.RecordsPerSecond = s.lv.rates[st.Tablets[i].ID].perSec
 		}
 	}
 	if s.lv.totals != nil {

@@ -15,30 +15,34 @@ import (
 
 // A running tablet's heartbeat past the status shows live; one that is
 // not (a run that just reported) leaves the status's figures; a
-// Streaming tablet whose running attempt has not committed for over
-// StallAfter is stalled, whether its checkpoint is shown live or not;
-// not an attempt waiting for its retry, nor a retry that has not
-// committed yet.
+// Streaming tablet whose running attempt had not committed for over
+// StallAfter when its heartbeat came is stalled, whether its checkpoint
+// is shown live or not; not an attempt waiting for its retry, nor a retry
+// that has not committed yet.
 func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	cp := func(i uint64) source.Checkpoint { return source.Checkpoint{Term: 1, Index: i} }
 	st := StreamStatus{Stream: "orders", Tablets: []TabletStatus{
 		{ID: "t1", State: Streaming, Checkpoint: cp(10), Records: 10, Batches: 2},
-		{ID: "t2", State: Streaming, Checkpoint: cp(10), Records: 10},
+		{ID: "t2", State: Streaming, Checkpoint: cp(10), Records: 10, Reason: "on a fallback replica"},
 		{ID: "t3", State: Streaming, Checkpoint: cp(10), Records: 10},
 		{ID: "t4", State: Retrying, Checkpoint: cp(10), Records: 10, Reason: "sink down"},
 		{ID: "t5", State: Streaming, Checkpoint: cp(10)},
 		{ID: "t6", State: Streaming, Checkpoint: cp(10)},
+		{ID: "t7", State: Streaming, Checkpoint: cp(10)},
 	}}
 	figures := []activities.LiveFigures{
 		{Tablet: "t1", Checkpoint: cp(25), Records: 15, Batches: 3, LagSeconds: 0.5, LastCommit: now.Add(-time.Second), At: now.Add(-2 * time.Second), Running: true},
-		{Tablet: "t2", Checkpoint: cp(10), LastCommit: now.Add(-150 * time.Second), At: now.Add(-time.Second), Running: true},
+		{Tablet: "t2", Checkpoint: cp(10), LastCommit: now.Add(-150 * time.Second), At: now, Running: true},
 		{Tablet: "t3", Checkpoint: cp(12), Records: 2, LastCommit: now.Add(-3 * time.Minute), At: now.Add(-time.Second), Running: true},
 		{Tablet: "t4", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now, Running: true},
-		{Tablet: "t5", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now.Add(-time.Hour)}, // waits for its retry
+		{Tablet: "t5", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now}, // waits for its retry
 		{Tablet: "t6", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now, Running: true, Failing: true},
+		// Its last heartbeat came a second after its last commit, an hour
+		// ago (its worker went away): not stalled.
+		{Tablet: "t7", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now.Add(-time.Hour + time.Second), Running: true},
 	}
-	got := WithLive(st, figures, now)
+	got := WithLive(st, figures)
 	t1 := got.Tablets[0]
 	require.Equal(t, cp(25), t1.Checkpoint)
 	require.Equal(t, int64(25), t1.Records)
@@ -48,40 +52,60 @@ func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
 	require.Empty(t, t1.Reason)
 	require.Equal(t, cp(10), got.Tablets[1].Checkpoint, "not past the status: its own figures")
 	require.Nil(t, got.Tablets[1].Live)
-	require.Equal(t, StalledReason(150*time.Second), got.Tablets[1].Reason)
-	require.Equal(t, StalledReason(3*time.Minute), got.Tablets[2].Reason)
+	require.Equal(t, StalledReason(150*time.Second, "on a fallback replica"), got.Tablets[1].Reason)
+	require.Equal(t, StalledReason(179*time.Second, ""), got.Tablets[2].Reason)
 	require.NotNil(t, got.Tablets[2].Live)
 	require.Equal(t, "sink down", got.Tablets[3].Reason, "only a Streaming tablet is stalled: the others say why already")
 	require.Empty(t, got.Tablets[4].Reason, "an attempt waiting for its retry is not stalled")
 	require.Empty(t, got.Tablets[5].Reason, "a retry that has not committed yet is not stalled")
+	require.Empty(t, got.Tablets[6].Reason, "judged at its last heartbeat, not now")
 	require.Equal(t, cp(10), st.Tablets[0].Checkpoint, "the status given is left alone")
 
 	// A status query's answer is live already (the stream's last read);
 	// a later read of the same run counts from what the tablet reported,
-	// not from the live figures again.
+	// not from the live figures again, and keeps the row's rate; a run
+	// that commits again is no longer stalled.
+	got.Tablets[0].Live.RecordsPerSecond = 7.5
 	later := WithLive(got, []activities.LiveFigures{
 		{Tablet: "t1", Checkpoint: cp(40), Records: 30, Batches: 6, At: now, Running: true, LastCommit: now},
-	}, now)
+		{Tablet: "t2", Checkpoint: cp(11), Records: 1, Batches: 1, At: now, Running: true, LastCommit: now},
+	})
 	require.Equal(t, cp(40), later.Tablets[0].Checkpoint)
 	require.Equal(t, int64(40), later.Tablets[0].Records, "10 reported + 30 of the run")
 	require.Equal(t, int64(8), later.Tablets[0].Batches, "2 reported + 6 of the run")
+	require.Equal(t, 7.5, later.Tablets[0].Live.RecordsPerSecond)
+	require.Equal(t, "on a fallback replica", later.Tablets[1].Reason, "committed since: not stalled any more")
 	// An older read leaves the row as it is.
-	same := WithLive(later, figures[:1], now)
+	same := WithLive(later, figures[:1])
 	require.Equal(t, later.Tablets[0], same.Tablets[0])
+
+	// A run told what its tablet had counted before it (its last run may
+	// have ended unreported) shows the tablet's totals.
+	withTotals := WithLive(st, []activities.LiveFigures{
+		{Tablet: "t1", Checkpoint: cp(90), Records: 30, Batches: 6, At: now, Running: true, LastCommit: now,
+			Totals: &activities.Counted{Records: 80, Batches: 20}},
+	})
+	require.Equal(t, int64(80), withTotals.Tablets[0].Records, "not the report's 10 + the run's 30")
+	require.Equal(t, int64(20), withTotals.Tablets[0].Batches)
+	require.Equal(t, withTotals.Tablets[0], WithLive(withTotals, []activities.LiveFigures{
+		{Tablet: "t1", Checkpoint: cp(90), Records: 30, Batches: 6, At: now, Running: true, LastCommit: now,
+			Totals: &activities.Counted{Records: 80, Batches: 20}},
+	}).Tablets[0], "applied twice, the same")
 }
 
 // The stream reads its running tablets' figures every statusRefresh, or
-// 10 ms per running tablet where that is longer.
+// 30 ms per running tablet where that is longer.
 func TestLiveEveryGrowsWithTheRunningTablets(t *testing.T) {
 	require.Equal(t, 3*time.Second, liveEvery(3*time.Second, 1))
-	require.Equal(t, 3*time.Second, liveEvery(3*time.Second, 300))
-	require.Equal(t, 10*time.Second, liveEvery(3*time.Second, 1000))
+	require.Equal(t, 3*time.Second, liveEvery(3*time.Second, 100))
+	require.Equal(t, 30*time.Second, liveEvery(3*time.Second, 1000))
 }
 
 // The stream reads its running tablets' live figures every
 // statusRefresh: its status query shows a Streaming tablet's checkpoint
 // and records moving between its reports, with a rate, and its memo
-// holds the stream's totals; a tablet that is not running is not read.
+// holds the stream's totals; a read that misses a tablet leaves it the
+// figures it had; a tablet that is not running is not read.
 func TestStreamStatusAndMemoShowTheRunningTabletsLiveFigures(t *testing.T) {
 	env := newEnv(t)
 	env.OnActivity(a.EnsureStream, mock.Anything, mock.Anything).Return(source.Stream{ID: "orders"}, nil)
@@ -96,6 +120,9 @@ func TestStreamStatusAndMemoShowTheRunningTabletsLiveFigures(t *testing.T) {
 			reads++
 			asked = append(asked, in.Tablets)
 			require.Equal(t, "orders/tablet/", in.WorkflowPrefix)
+			if reads%2 == 0 {
+				return nil, nil // its describe failed: the figures it had stay
+			}
 			n := int64(reads) * 30 // 10 records a second
 			return []activities.LiveFigures{{Tablet: "t-0001", Checkpoint: cp(uint64(10 + n)), Records: n, Batches: int64(reads),
 				LastCommit: env.Now(), At: env.Now(), Running: true}}, nil

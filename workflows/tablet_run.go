@@ -102,6 +102,7 @@ func (t *tablet) getChanges(ctx workflow.Context, sel activities.Selection) (don
 		Stream: t.in.Stream, Tablet: t.in.Tablet, Source: cfg.Source, Sink: cfg.Sink,
 		Replica: sel.Replica, Checkpoint: t.st.Checkpoint, Start: t.in.Start, Resynced: t.in.Resync, StartFrom: cfg.StartFrom, Batch: cfg.Batch, RunFor: runFor(cfg.Run.Duration, sel),
 		Retention: t.in.Retention, Recovering: t.st.Failing > 0, Sections: t.in.Sections,
+		Counted: &activities.Counted{Records: t.st.Status.Records, Batches: t.st.Status.Batches},
 	}
 	if t.reroute {
 		// The run itself bounds its time on a fallback (see

@@ -137,7 +137,7 @@ type StreamStatus struct {
 	// (configure's source.tables), if any.
 	TablesChange *TablesChange `json:"tablesChange,omitempty"`
 	// Live is the stream's totals as of its last read of the live
-	// figures (none before the first, or with statusRefresh off).
+	// figures (none before the first).
 	Live *LiveTotals `json:"live,omitempty"`
 }
 
