@@ -70,12 +70,14 @@ type LiveTotals struct {
 	// At is when the stream read them.
 	At time.Time `json:"at"`
 	// Records is every tablet's records, live where a run is past its
-	// report; RecordsPerSecond, the rate since the read before.
+	// report; RecordsPerSecond, the sum of the tablets' rates, each
+	// between its last two heartbeats read.
 	Records          int64   `json:"records"`
 	RecordsPerSecond float64 `json:"recordsPerSecond"`
 	// MaxLagSeconds is the largest lag of a Streaming tablet.
 	MaxLagSeconds float64 `json:"maxLagSeconds"`
-	// Stalled counts the Streaming tablets stalled at At (StallAfter).
+	// Stalled counts the Streaming tablets whose runs were stalled
+	// (Stalled) as of the read.
 	Stalled int `json:"stalled"`
 }
 
@@ -101,12 +103,16 @@ func WithLive(st StreamStatus, figures []activities.LiveFigures) StreamStatus {
 		if !ok {
 			continue
 		}
+		past := f.Checkpoint.Compare(t.Checkpoint)
+		if past < 0 {
+			continue // a read older than the row (a run that has reported since)
+		}
 		t.Reason = withoutStalled(t.Reason)
 		if since, stalled := Stalled(f); stalled && t.State == Streaming {
 			t.Reason = StalledReason(since, t.Reason)
 		}
-		if f.Checkpoint.Compare(t.Checkpoint) <= 0 {
-			continue // not past the row (a run that just reported, or a read older than the row's)
+		if past == 0 {
+			continue // not past the row (a run that just reported, or one that has not committed since)
 		}
 		live := &LiveRow{At: f.At, Records: f.Records, Batches: f.Batches}
 		if f.Totals != nil {

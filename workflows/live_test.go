@@ -30,6 +30,7 @@ func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
 		{ID: "t5", State: Streaming, Checkpoint: cp(10)},
 		{ID: "t6", State: Streaming, Checkpoint: cp(10)},
 		{ID: "t7", State: Streaming, Checkpoint: cp(10)},
+		{ID: "t8", State: Streaming, Checkpoint: cp(20)},
 	}}
 	figures := []activities.LiveFigures{
 		{Tablet: "t1", Checkpoint: cp(25), Records: 15, Batches: 3, LagSeconds: 0.5, LastCommit: now.Add(-time.Second), At: now.Add(-2 * time.Second), Running: true},
@@ -41,6 +42,8 @@ func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
 		// Its last heartbeat came a second after its last commit, an hour
 		// ago (its worker went away): not stalled.
 		{Tablet: "t7", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now.Add(-time.Hour + time.Second), Running: true},
+		// A read from before its run reported (and a new run began).
+		{Tablet: "t8", Checkpoint: cp(15), LastCommit: now.Add(-time.Hour), At: now, Running: true},
 	}
 	got := WithLive(st, figures)
 	t1 := got.Tablets[0]
@@ -59,6 +62,8 @@ func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
 	require.Empty(t, got.Tablets[4].Reason, "an attempt waiting for its retry is not stalled")
 	require.Empty(t, got.Tablets[5].Reason, "a retry that has not committed yet is not stalled")
 	require.Empty(t, got.Tablets[6].Reason, "judged at its last heartbeat, not now")
+	require.Empty(t, got.Tablets[7].Reason, "a read older than the row judges nothing")
+	require.Equal(t, cp(20), got.Tablets[7].Checkpoint)
 	require.Equal(t, cp(10), st.Tablets[0].Checkpoint, "the status given is left alone")
 
 	// A status query's answer is live already (the stream's last read);
