@@ -66,7 +66,7 @@ MSG
 if [ -n "${TABLETFLOW_DEMO_SINK_DSN:-}" ]; then
   cat <<MSG
 The rows, with any PostgreSQL client on \$TABLETFLOW_DEMO_SINK_DSN (bin/starter status
-shows the checkpoints as the tablets last reported them, up to a minute behind):
+shows each tablet's checkpoint as its run's last heartbeat has it, a few seconds behind):
   SELECT tablet, count(*), max(commit_time) FROM tabletflow.changes
     WHERE stream = '$stream' GROUP BY tablet ORDER BY tablet;
   SELECT tablet, checkpoint, updated_at FROM tabletflow.checkpoints WHERE stream = '$stream';
