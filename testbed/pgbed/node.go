@@ -74,10 +74,11 @@ func (n *Node) place() error {
 // (32768 and up on Linux), at random: ports handed out by listening on
 // port 0 (testbed.FreePort, the Temporal dev server's) are reused by the
 // kernel soon after they are closed, and another test process starting a
-// server at the same time could take the port first.
+// server at the same time could take the port first. It is from 26000 to
+// 31999: vitessbed's are below (see its freePorts).
 func freePort() (int, error) {
 	for range 100 {
-		port := 20000 + rand.IntN(12000)
+		port := 26000 + rand.IntN(6000)
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue

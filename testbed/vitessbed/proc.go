@@ -218,7 +218,10 @@ func (c *Cluster) Vtctldclient(ctx context.Context, args ...string) (string, err
 // ephemeral range (32768 and up on Linux), at random: ports handed out by
 // listening on port 0 are reused by the kernel soon after they are closed,
 // and another test process starting a server at the same time could take
-// one first.
+// one first. They are from 20000 to 25999: pgbed's are above, so that a
+// PostgreSQL of a test package running beside this one's cannot take a
+// port picked here before its server binds it (seen once: a vttablet's
+// HTTP port taken while the tablets' MariaDB started).
 func freePorts(n int) ([]int, error) {
 	seen := map[int]bool{}
 	var out []int
@@ -226,7 +229,7 @@ func freePorts(n int) ([]int, error) {
 		if attempts > 100*n {
 			return nil, errors.New("vitessbed: no free loopback ports")
 		}
-		port := 20000 + rand.IntN(12000)
+		port := 20000 + rand.IntN(6000)
 		if seen[port] {
 			continue
 		}
