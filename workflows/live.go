@@ -85,8 +85,9 @@ type LiveTotals struct {
 const MemoLive = "live"
 
 // WithLive shows in st each tablet's pending run where its figures are
-// past the row's: its checkpoint, the tablet's records and batches with
-// the run's, and its lag (the row's Live says so). A row that is live
+// past the row's, on a Streaming or Retrying row: its checkpoint, the
+// tablet's records and batches with the run's, and its lag (the row's
+// Live says so). A row that is live
 // already (a status query's answer) is counted from what its tablet
 // reported, and keeps its rate. A Streaming tablet whose run is stalled
 // (Stalled) gets StalledReason before its reason; one that is not, none.
@@ -100,8 +101,8 @@ func WithLive(st StreamStatus, figures []activities.LiveFigures) StreamStatus {
 	for i := range st.Tablets {
 		t := &st.Tablets[i]
 		f, ok := byTablet[t.ID]
-		if !ok {
-			continue
+		if !ok || !slices.Contains(liveStates, t.State) {
+			continue // no figures, or a tablet whose runs have ended (its report holds their last commit)
 		}
 		past := f.Checkpoint.Compare(t.Checkpoint)
 		if past < 0 {

@@ -31,6 +31,7 @@ func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
 		{ID: "t6", State: Streaming, Checkpoint: cp(10)},
 		{ID: "t7", State: Streaming, Checkpoint: cp(10)},
 		{ID: "t8", State: Streaming, Checkpoint: cp(20)},
+		{ID: "t9", State: Paused, Checkpoint: cp(5)},
 	}}
 	figures := []activities.LiveFigures{
 		{Tablet: "t1", Checkpoint: cp(25), Records: 15, Batches: 3, LagSeconds: 0.5, LastCommit: now.Add(-time.Second), At: now.Add(-2 * time.Second), Running: true},
@@ -44,6 +45,8 @@ func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
 		{Tablet: "t7", Checkpoint: cp(10), LastCommit: now.Add(-time.Hour), At: now.Add(-time.Hour + time.Second), Running: true},
 		// A read from before its run reported (and a new run began).
 		{Tablet: "t8", Checkpoint: cp(15), LastCommit: now.Add(-time.Hour), At: now, Running: true},
+		// Read while it ran; paused since.
+		{Tablet: "t9", Checkpoint: cp(9), At: now, Running: true, LastCommit: now},
 	}
 	got := WithLive(st, figures)
 	t1 := got.Tablets[0]
@@ -64,6 +67,8 @@ func TestWithLiveShowsHeartbeatsPastTheStatusAndFlagsAStalledRun(t *testing.T) {
 	require.Empty(t, got.Tablets[6].Reason, "judged at its last heartbeat, not now")
 	require.Empty(t, got.Tablets[7].Reason, "a read older than the row judges nothing")
 	require.Equal(t, cp(20), got.Tablets[7].Checkpoint)
+	require.Equal(t, cp(5), got.Tablets[8].Checkpoint, "a tablet whose runs ended shows its report")
+	require.Nil(t, got.Tablets[8].Live)
 	require.Equal(t, cp(10), st.Tablets[0].Checkpoint, "the status given is left alone")
 
 	// A status query's answer is live already (the stream's last read);
