@@ -2,11 +2,11 @@ package activities
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/converter"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/tabletflow/tabletflow/source"
 )
@@ -65,17 +65,15 @@ func ReadLive(ctx context.Context, d WorkflowDescriber, dc converter.DataConvert
 		dc = converter.GetDefaultDataConverter()
 	}
 	found := make([]*LiveFigures, len(in.Tablets))
-	sem := make(chan struct{}, liveCalls)
-	var wg sync.WaitGroup
+	var g errgroup.Group // its errors stay nil: a tablet not described has no figures
+	g.SetLimit(liveCalls)
 	for i, tablet := range in.Tablets {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
+		g.Go(func() error {
 			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			desc, err := d.DescribeWorkflow(dctx, in.WorkflowPrefix+tablet, "")
 			if err != nil || desc.RawResponse == nil {
-				return
+				return nil
 			}
 			for _, pa := range desc.RawResponse.GetPendingActivities() {
 				if pa.GetActivityType().GetName() != "GetChanges" || pa.GetHeartbeatDetails() == nil {
@@ -95,9 +93,10 @@ func ReadLive(ctx context.Context, d WorkflowDescriber, dc converter.DataConvert
 					found[i].Totals = &Counted{Records: c.Records + hb.Records, Batches: c.Batches + hb.Batches}
 				}
 			}
+			return nil
 		})
 	}
-	wg.Wait()
+	_ = g.Wait()
 	out := []LiveFigures{}
 	for _, f := range found {
 		if f != nil {

@@ -22,7 +22,7 @@ import (
 func withLive(ctx context.Context, c client.Client, dc converter.DataConverter, st workflows.StreamStatus) workflows.StreamStatus {
 	var ids []string
 	for _, t := range st.Tablets {
-		if t.State == workflows.Streaming || t.State == workflows.Retrying {
+		if workflows.MayRun(t.State) {
 			ids = append(ids, t.ID)
 		}
 	}

@@ -19,8 +19,9 @@ import (
 // running tablet, no event per batch) and shows them in its status query
 // and memo; starter status reads them again on each refresh.
 
-// liveStates are the states whose tablet has a run that may be pending.
-var liveStates = []State{Streaming, Retrying}
+// MayRun reports whether a tablet in state st may have a GetChanges run
+// pending (Streaming, Retrying): the tablets whose live figures are read.
+func MayRun(st State) bool { return st == Streaming || st == Retrying }
 
 // StallAfter: a Streaming tablet whose running attempt has not committed
 // for longer than this is stalled. A run commits after every read, one
@@ -42,22 +43,28 @@ func Stalled(f activities.LiveFigures) (time.Duration, bool) {
 	return since, f.Running && !f.Failing && !f.LastCommit.IsZero() && since > StallAfter
 }
 
-// stalledEnd ends StalledReason's words.
-const stalledEnd = "(a read or the sink hangs)"
+// stalledBegin and stalledEnd begin and end StalledReason's words.
+const (
+	stalledBegin = "stalled: no commit for "
+	stalledEnd   = "(a read or the sink hangs)"
+)
 
 // StalledReason is the reason a stalled tablet's row gives, before the
 // tablet's own reason if it has one.
 func StalledReason(since time.Duration, own string) string {
-	r := fmt.Sprintf("stalled: no commit for %s %s", since.Round(time.Second), stalledEnd)
+	r := fmt.Sprintf("%s%s %s", stalledBegin, since.Round(time.Second), stalledEnd)
 	if own != "" {
 		r += "; " + own
 	}
 	return r
 }
 
+// isStalled reports whether reason begins with StalledReason's words.
+func isStalled(reason string) bool { return strings.HasPrefix(reason, stalledBegin) }
+
 // withoutStalled is reason without a StalledReason before it.
 func withoutStalled(reason string) string {
-	if !strings.HasPrefix(reason, "stalled: no commit for ") {
+	if !isStalled(reason) {
 		return reason
 	}
 	_, own, _ := strings.Cut(reason, stalledEnd)
@@ -101,7 +108,7 @@ func WithLive(st StreamStatus, figures []activities.LiveFigures) StreamStatus {
 	for i := range st.Tablets {
 		t := &st.Tablets[i]
 		f, ok := byTablet[t.ID]
-		if !ok || !slices.Contains(liveStates, t.State) {
+		if !ok || !MayRun(t.State) {
 			continue // no figures, or a tablet whose runs have ended (its report holds their last commit)
 		}
 		past := f.Checkpoint.Compare(t.Checkpoint)
@@ -178,7 +185,7 @@ const liveChunk = 500
 func (s *stream) runningTablets() []string {
 	var ids []string
 	for _, id := range s.tabletIDs() {
-		if slices.Contains(liveStates, s.st.Tablets[id].State) {
+		if MayRun(s.st.Tablets[id].State) {
 			ids = append(ids, id)
 		}
 	}
@@ -253,7 +260,7 @@ func (s *stream) onLive(ctx workflow.Context, r liveRead) {
 	}
 	figures := r.Figures
 	for _, f := range s.lv.figures {
-		if t := s.st.Tablets[f.Tablet]; !read[f.Tablet] && t != nil && slices.Contains(liveStates, t.State) {
+		if t := s.st.Tablets[f.Tablet]; !read[f.Tablet] && t != nil && MayRun(t.State) {
 			figures = append(figures, f)
 		}
 	}
@@ -265,7 +272,7 @@ func (s *stream) onLive(ctx workflow.Context, r liveRead) {
 		totals.Records += t.Records
 		if t.State == Streaming {
 			totals.MaxLagSeconds = max(totals.MaxLagSeconds, t.LagSeconds)
-			if strings.HasPrefix(t.Reason, "stalled: ") {
+			if isStalled(t.Reason) {
 				totals.Stalled++
 			}
 		}

@@ -119,7 +119,7 @@ func TestLiveEveryGrowsWithTheRunningTablets(t *testing.T) {
 func TestStreamStatusAndMemoShowTheRunningTabletsLiveFigures(t *testing.T) {
 	env := newEnv(t)
 	env.OnActivity(a.EnsureStream, mock.Anything, mock.Anything).Return(source.Stream{ID: "orders"}, nil)
-	env.OnActivity(a.ReadTopology, mock.Anything, mock.Anything).Return(activities.TopologyOf([]source.Tablet{{ID: "t-0001"}, {ID: "t-0002"}}), nil)
+	env.OnActivity(a.ReadTopology, mock.Anything, mock.Anything).Return(activities.TopologyOf([]source.Tablet{{ID: "t-0001"}, {ID: "t-0002"}, {ID: "t-0003"}}), nil)
 	env.OnActivity(a.CheckTablets, mock.Anything, mock.Anything).Return(nil, nil).Maybe()
 	var started startedTablets
 	started.mock(env)
@@ -135,7 +135,9 @@ func TestStreamStatusAndMemoShowTheRunningTabletsLiveFigures(t *testing.T) {
 			}
 			n := int64(reads) * 30 // 10 records a second
 			return []activities.LiveFigures{{Tablet: "t-0001", Checkpoint: cp(uint64(10 + n)), Records: n, Batches: int64(reads),
-				LastCommit: env.Now(), At: env.Now(), Running: true}}, nil
+				LastCommit: env.Now(), At: env.Now(), Running: true},
+				// Heartbeating, its last commit three minutes before: stalled.
+				{Tablet: "t-0003", Checkpoint: cp(3), LastCommit: env.Now().Add(-3 * time.Minute), At: env.Now(), Running: true}}, nil
 		})
 	var memos []LiveTotals
 	env.OnUpsertMemo(mock.Anything).Run(func(args mock.Arguments) {
@@ -146,6 +148,7 @@ func TestStreamStatusAndMemoShowTheRunningTabletsLiveFigures(t *testing.T) {
 	env.RegisterDelayedCallback(func() {
 		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0001", State: Streaming, Checkpoint: cp(10), Records: 10, Seq: 1})
 		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0002", State: Paused, Checkpoint: cp(5), Records: 5, Seq: 1})
+		env.SignalWorkflow(SignalTabletReport, TabletStatus{ID: "t-0003", State: Streaming, Checkpoint: cp(3), Records: 3, Seq: 1})
 	}, time.Second)
 	var first, second StreamStatus
 	query := func(into *StreamStatus) {
@@ -160,7 +163,7 @@ func TestStreamStatusAndMemoShowTheRunningTabletsLiveFigures(t *testing.T) {
 
 	require.GreaterOrEqual(t, reads, 5, "read every statusRefresh (3 s)")
 	for _, ids := range asked {
-		require.Equal(t, []string{"t-0001"}, ids, "only the running tablets are read")
+		require.Equal(t, []string{"t-0001", "t-0003"}, ids, "only the running tablets are read")
 	}
 	t1 := second.Tablets[0]
 	require.Equal(t, Streaming, t1.State)
@@ -171,10 +174,12 @@ func TestStreamStatusAndMemoShowTheRunningTabletsLiveFigures(t *testing.T) {
 	require.InDelta(t, 10, t1.Live.RecordsPerSecond, 0.01)
 	require.Nil(t, second.Tablets[1].Live, "a Paused tablet keeps its reported figures")
 	require.NotNil(t, second.Live)
-	require.Equal(t, t1.Records+5, second.Live.Records)
+	require.Equal(t, t1.Records+5+3, second.Live.Records, "t-0001 live, t-0002 and t-0003 as reported")
 	require.InDelta(t, 10, second.Live.RecordsPerSecond, 0.01)
 	require.NotEmpty(t, memos)
 	last := memos[len(memos)-1]
 	require.Equal(t, second.Live.Records, last.Records, "the memo has the stream's totals")
-	require.Zero(t, last.Stalled)
+	require.Equal(t, 1, last.Stalled, "t-0003 is stalled")
+	require.Equal(t, 1, second.Live.Stalled)
+	require.Equal(t, StalledReason(3*time.Minute, ""), second.Tablets[2].Reason)
 }
