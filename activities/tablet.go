@@ -45,8 +45,9 @@ type Activities struct {
 	PickerWait time.Duration
 	// LiveEvery, if set, is how often at most a run records its
 	// heartbeat, whose details (checkpoint, records, lag) are the live
-	// status starter status shows: the worker's MaxHeartbeatThrottleInterval
-	// sends them to the server as often (docs/operating.md#live-status).
+	// status (the stream's status query and starter status): the
+	// worker's MaxHeartbeatThrottleInterval sends them to the server as
+	// often (docs/operating.md#live-status).
 	LiveEvery time.Duration
 	// DataConverter decodes the heartbeats ReadLiveFigures reads (the
 	// client's; nil: the default).

@@ -47,7 +47,7 @@ func run() error {
 	stopTimeout := flag.Duration("stop-timeout", 30*time.Second,
 		"on SIGTERM, how long in-flight GetChanges get to commit and return")
 	liveEvery := flag.Duration("live-every", 0,
-		"how often at most each running tablet's progress (checkpoint, records, lag) reaches the server as its heartbeat, which starter status shows live: one heartbeat call per running tablet this often (0: 80% of run.heartbeatTimeout, the SDK's default)")
+		"how often at most each running tablet's progress (checkpoint, records, lag) reaches the server as its heartbeat, which the status query, the memo and starter status show (docs/operating.md#live-status): one heartbeat call per running tablet this often (0: 80% of run.heartbeatTimeout, the SDK's default)")
 	pollers := flag.Int("pollers", 8, "activity task pollers, and workflow task pollers for each of the normal and the sticky queue (twice this in all)")
 	adaptiveProcs := flag.Bool("adaptive-gomaxprocs", true,
 		"run on one P of the Go scheduler while the worker is lightly loaded, on all of them while it is busy (see docs/production.md)")
